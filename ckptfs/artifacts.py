@@ -1,0 +1,159 @@
+"""Large values, stored once under their sha256 and verified on every read.
+
+Written before anything references them (restic's order: data first, the snapshot that
+points at it last), streamed in both directions so a 1 GB artifact never sits in memory,
+and deduplicated: storing the same bytes twice costs one existence check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import IO, BinaryIO
+
+from ckptfs.errors import CorruptFileError
+from ckptfs.layout import artifact_key
+from ckptfs.models import ArtifactRef
+from ckptfs.storage import Storage
+
+logger = logging.getLogger(__name__)
+
+_CHUNK = 1024 * 1024
+ArtifactSource = bytes | bytearray | memoryview | str | os.PathLike[str] | IO[bytes]
+
+
+def _hash_stream(src: IO[bytes]) -> tuple[str, int]:
+    h = hashlib.sha256()
+    n = 0
+    while chunk := src.read(_CHUNK):
+        h.update(chunk)
+        n += len(chunk)
+    return h.hexdigest(), n
+
+
+class _VerifyingReader(io.RawIOBase):
+    """Reads through to the stored object and checks size and sha256 when it reaches the end."""
+
+    def __init__(self, inner: IO[bytes], ref: ArtifactRef) -> None:
+        self._inner = inner
+        self._ref = ref
+        self._hash = hashlib.sha256()
+        self._n = 0
+        self._checked = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        data = self._inner.read(len(b))
+        if not data:
+            self._check()
+            return 0
+        self._hash.update(data)
+        self._n += len(data)
+        if self._n > self._ref.size:
+            self._check()
+        b[: len(data)] = data
+        return len(data)
+
+    def _check(self) -> None:
+        if self._checked:
+            return
+        self._checked = True
+        if self._n != self._ref.size or self._hash.hexdigest() != self._ref.sha256:
+            raise CorruptFileError(self._ref.uri, "artifact content does not match its sha256")
+
+    def close(self) -> None:
+        self._inner.close()
+        super().close()
+
+
+class ArtifactStore:
+    """Content-addressed blobs on a Storage; knows nothing about runs."""
+
+    def __init__(self, storage: Storage) -> None:
+        self.storage = storage
+        self._known: set[str] = set()
+
+    def put(
+        self, source: ArtifactSource, media_type: str = "application/octet-stream", summary: str = ""
+    ) -> ArtifactRef:
+        """Store bytes, a file path or a binary file object; return its reference.
+
+        Paths and seekable files are hashed in one streaming pass and uploaded in a second
+        (skipped when the content is already stored); other streams are spooled to a local
+        temp file first. Memory use stays bounded by the chunk size either way.
+        """
+        if isinstance(source, bytes | bytearray | memoryview):
+            data = bytes(source)
+            sha = hashlib.sha256(data).hexdigest()
+            ref = self._ref(sha, len(data), media_type, summary)
+            if not self._present(ref):
+                self._write(ref, io.BytesIO(data))
+            return ref
+        if isinstance(source, str | os.PathLike):
+            with open(source, "rb") as f:
+                return self._put_seekable(f, media_type, summary)
+        if source.seekable():
+            return self._put_seekable(source, media_type, summary)
+        with tempfile.TemporaryFile() as spool:
+            shutil.copyfileobj(source, spool, _CHUNK)
+            spool.seek(0)
+            return self._put_seekable(spool, media_type, summary)
+
+    def _put_seekable(self, f: IO[bytes], media_type: str, summary: str) -> ArtifactRef:
+        start = f.tell()
+        sha, n = _hash_stream(f)
+        ref = self._ref(sha, n, media_type, summary)
+        if not self._present(ref):
+            f.seek(start)
+            self._write(ref, f)
+        return ref
+
+    def _ref(self, sha: str, size: int, media_type: str, summary: str) -> ArtifactRef:
+        return ArtifactRef(uri=artifact_key(sha), sha256=sha, size=size, media_type=media_type,
+                           summary=summary)
+
+    def _present(self, ref: ArtifactRef) -> bool:
+        if ref.sha256 in self._known:
+            return True
+        try:
+            ok = self.storage.size(ref.uri) == ref.size
+        except FileNotFoundError:
+            return False
+        if ok:
+            self._known.add(ref.sha256)
+        return ok
+
+    def _write(self, ref: ArtifactRef, src: IO[bytes]) -> None:
+        try:
+            self.storage.put_stream(ref.uri, src, exclusive=True)
+        except FileExistsError:
+            # A concurrent writer stored the same content first, or a torn object sits there
+            # from a non-atomic backend: check the size and replace it if it is wrong.
+            if self.storage.size(ref.uri) != ref.size:
+                logger.warning("replacing damaged artifact %s", ref.uri)
+                src.seek(0)
+                self.storage.put_stream(ref.uri, src, exclusive=False)
+        self._known.add(ref.sha256)
+
+    def open(self, ref: ArtifactRef) -> BinaryIO:
+        """A stream of the artifact that raises CorruptFileError at the end if it was altered."""
+        raw = _VerifyingReader(self.storage.open_read(ref.uri), ref)
+        return io.BufferedReader(raw, _CHUNK)
+
+    def read(self, ref: ArtifactRef) -> bytes:
+        data = self.storage.get(ref.uri)
+        if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256:
+            raise CorruptFileError(ref.uri, "artifact content does not match its sha256")
+        return data
+
+    def iter_chunks(self, ref: ArtifactRef) -> Iterator[bytes]:
+        with self.open(ref) as f:
+            while chunk := f.read(_CHUNK):
+                yield chunk

@@ -1,0 +1,72 @@
+"""The few domain errors ckptfs raises, in one place, each naming what it is about.
+
+Storage-level absence and exclusivity use the builtins (`FileNotFoundError`,
+`FileExistsError`) as fsspec does; these classes are for what a caller must act on.
+"""
+
+from __future__ import annotations
+
+
+class CkptfsError(Exception):
+    """Base of every ckptfs error, so callers can catch the family at once."""
+
+
+class InvalidIdError(CkptfsError, ValueError):
+    """A run or step id that cannot safely become part of a storage key."""
+
+
+class ConfigError(CkptfsError, ValueError):
+    """A setting, URL or argument that is wrong; the message names it."""
+
+
+class StorageUnavailableError(CkptfsError, OSError):
+    """The store cannot be reached or used: bad URL, missing bucket, refused credentials.
+
+    The message names the URL with any credentials redacted.
+    """
+
+
+class ConflictError(CkptfsError):
+    """Another writer already committed this version of the run; nothing was overwritten."""
+
+    def __init__(self, run_id: str, version: int, detail: str = "") -> None:
+        self.run_id = run_id
+        self.version = version
+        msg = f"run {run_id!r}: version {version} was already committed by another writer"
+        super().__init__(f"{msg}: {detail}" if detail else msg)
+
+
+class CorruptFileError(CkptfsError):
+    """One stored file failed to decode or validate (checksum, hash, schema, chain)."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        self.key = key
+        self.reason = reason
+        super().__init__(f"{key}: {reason}")
+
+
+class DecodeLimitError(CorruptFileError):
+    """A file would decompress past the configured maximum (a zstd bomb, or a limit too low)."""
+
+
+class UnsupportedFormatError(CorruptFileError):
+    """A file written in a format version this ckptfs does not know (likely a newer ckptfs)."""
+
+
+class CheckpointCorruptError(CkptfsError):
+    """Files exist for a run but none of them yields a valid state: never start from scratch."""
+
+    def __init__(self, run_id: str, problems: list[str]) -> None:
+        self.run_id = run_id
+        self.problems = problems
+        shown = "; ".join(problems[:5]) + (f"; (+{len(problems) - 5} more)" if len(problems) > 5 else "")
+        super().__init__(f"run {run_id!r}: no stored version could be loaded: {shown}")
+
+
+class VersionNotFoundError(CkptfsError, LookupError):
+    """The asked-for version is not stored (never written, or removed by retention)."""
+
+    def __init__(self, run_id: str, version: int) -> None:
+        self.run_id = run_id
+        self.version = version
+        super().__init__(f"run {run_id!r}: version {version} is not available")
