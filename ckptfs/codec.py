@@ -26,6 +26,13 @@ DEFAULT_LEVEL = 3
 
 RecordKind = Literal["journal", "delta", "snapshot"]
 
+# A zstd skippable frame (RFC 8878 3.1.2) after the data frame carries the sha256 of the data
+# frame's bytes. zstd's own checksum covers the decompressed content only, and some bit flips
+# in a compressed frame (unused entropy-table bits) decode to identical content; the trailer
+# makes every byte of the file count. `zstd -d` skips the frame, so standard tools still work.
+_SKIPPABLE_MAGIC = (0x184D2A5C).to_bytes(4, "little")
+_TRAILER_LEN = 4 + 4 + 32
+
 
 class RecordHeader(BaseModel):
     """Everything in a file but its body; validated strictly so a stray file is refused."""
@@ -83,7 +90,18 @@ def encode(header: RecordHeader, body_json: bytes, level: int = DEFAULT_LEVEL) -
         raise ValueError("header.body_sha256 does not match the body being encoded")
     text = _prefix(header) + body_json + b"}"
     cctx = zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True)
-    return cctx.compress(text)
+    frame = cctx.compress(text)
+    return frame + _SKIPPABLE_MAGIC + (32).to_bytes(4, "little") + hashlib.sha256(frame).digest()
+
+
+def file_digest(data: bytes) -> str | None:
+    """The sha256 a file's trailer claims for its data frame (hex), without decoding it.
+
+    Used to compare copies cheaply (mirror); None when the trailer is missing.
+    """
+    if len(data) < _TRAILER_LEN or data[-_TRAILER_LEN:-36] != _SKIPPABLE_MAGIC:
+        return None
+    return data[-32:].hex()
 
 
 def _frame_end(data: bytes, has_checksum: bool) -> int:
@@ -104,7 +122,13 @@ def _frame_end(data: bytes, has_checksum: bool) -> int:
 
 
 def decompress(data: bytes, key: str, max_size: int = DEFAULT_MAX_DECODED_BYTES) -> bytes:
-    """Bounded, strict zstd decode of one whole frame with its content checksum."""
+    """Bounded, strict zstd decode of one whole frame with its content checksum and trailer."""
+    if len(data) < _TRAILER_LEN or data[-_TRAILER_LEN:-36] != _SKIPPABLE_MAGIC or (
+            data[-36:-32] != (32).to_bytes(4, "little")):
+        raise CorruptFileError(key, "missing or damaged integrity trailer (truncated file?)")
+    digest, data = data[-32:], data[:-_TRAILER_LEN]
+    if hashlib.sha256(data).digest() != digest:
+        raise CorruptFileError(key, "file sha256 does not match its trailer (bytes changed)")
     try:
         params = zstandard.get_frame_parameters(data)
     except zstandard.ZstdError as exc:

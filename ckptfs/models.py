@@ -90,7 +90,14 @@ class ToolCall(BaseModel):
 
 
 class Step(BaseModel):
-    """A unit of work within the agent run."""
+    """A unit of work within the agent run.
+
+    Assignments are validated (`step.status = "completed"` becomes the enum), because the
+    runtime and the store read these fields on every commit and a stray type would only
+    surface later, at load time, as a corrupt checkpoint.
+    """
+
+    model_config = ConfigDict(validate_assignment=True)
 
     id: str
     title: str

@@ -170,6 +170,13 @@ class Storage(ABC):
     @abstractmethod
     def open_read(self, key: str) -> IO[bytes]: ...
 
+    def modified(self, key: str) -> float:
+        """Last modification time (POSIX seconds); prune's artifact grace period needs it.
+
+        Raises ``FileNotFoundError`` if absent, ``NotImplementedError`` where unknown.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot tell modification times")
+
     def exists(self, key: str) -> bool:
         try:
             self.size(key)
@@ -377,6 +384,9 @@ class LocalStorage(Storage):
     def size(self, key: str) -> int:
         return os.stat(self._path(key)).st_size
 
+    def modified(self, key: str) -> float:
+        return os.stat(self._path(key)).st_mtime
+
     def put_stream(self, key: str, src: IO[bytes], exclusive: bool = False) -> None:
         path = self._path(key)
         tmp = self._write_temp(path, lambda f: shutil.copyfileobj(src, f, _COPY_CHUNK))
@@ -482,6 +492,16 @@ class FsspecStorage(Storage):
         if info.get("type") == "directory":
             raise FileNotFoundError(key)
         return int(info["size"])
+
+    def modified(self, key: str) -> float:
+        info = self.fs.info(self._path(key))
+        for name in ("mtime", "LastModified", "last_modified", "created"):
+            value = info.get(name)
+            if isinstance(value, int | float):
+                return float(value)
+            if hasattr(value, "timestamp"):
+                return float(value.timestamp())
+        raise NotImplementedError(f"{self.fs.protocol}: no modification time in file info")
 
     def put_stream(self, key: str, src: IO[bytes], exclusive: bool = False) -> None:
         if exclusive and self.exists(key):
@@ -684,6 +704,11 @@ class S3Storage(Storage):
             resp = self.fs.call_s3("head_object", Bucket=self.bucket, Key=self._key(key))
         return int(resp["ContentLength"])
 
+    def modified(self, key: str) -> float:
+        with self._errors(key):
+            resp = self.fs.call_s3("head_object", Bucket=self.bucket, Key=self._key(key))
+        return float(resp["LastModified"].timestamp())
+
     def put_stream(self, key: str, src: IO[bytes], exclusive: bool = False) -> None:
         path = f"{self.bucket}/{self._key(key)}"
         with self._errors(key):
@@ -701,8 +726,12 @@ class S3Storage(Storage):
             return f
 
     def check(self) -> None:
-        with self._errors():
-            self.fs.call_s3("head_bucket", Bucket=self.bucket)
+        try:
+            with self._errors():
+                self.fs.call_s3("head_bucket", Bucket=self.bucket)
+        except FileNotFoundError:
+            raise StorageUnavailableError(
+                f"{self.display_url}: bucket {self.bucket!r} does not exist") from None
 
 
 # -------------------------------------------------------------------------------- factory

@@ -416,7 +416,8 @@ class CheckpointStore:
         return head
 
     def _commit(self, run_id: str, changes: Changes, *, run: AgentRun | None,
-                changed_steps: list[Step], removed: Iterable[str] = ()) -> int:
+                changed_steps: list[Step], removed: Iterable[str] = (),
+                run_info: dict[str, Any] | None = None) -> int:
         """Write one journal record with `changes`; the only place versions are created."""
         head = self._heads[run_id]
         new_status = {s.id: s.status.value for s in changed_steps}
@@ -431,7 +432,7 @@ class CheckpointStore:
         h = codec.chain_hash(head.hash, body_sha, version)
         removed = list(removed)
         counts = head.counts_after(new_status, removed)
-        info = dict(head.run_info)
+        info = run_info or dict(head.run_info)
         if run is not None:
             info = {"goal": run.goal[:200], "status": run.status, "updated_at": run.updated_at}
         header = codec.RecordHeader(
@@ -607,9 +608,8 @@ class CheckpointStore:
             run_json = AgentRun.model_validate({**doc, "steps": {}}).model_dump_json(
                 exclude={"steps"}).encode()
             info = {**head.run_info, "status": status, "updated_at": doc["updated_at"]}
-            version = self._commit(run_id, Changes(run=run_json), run=None, changed_steps=[])
-            head.run_info = info
-            return version
+            return self._commit(run_id, Changes(run=run_json), run=None, changed_steps=[],
+                                run_info=info)
 
     # ------------------------------------------------------------------------- load path
 

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ckptfs.storage import LocalStorage, Storage, open_storage
+from tests.storage_conformance import StorageConformance
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> Storage:
+    return open_storage(f"file://{tmp_path}/root")
+
+
+class TestLocal(StorageConformance):
+    def test_plain_path_and_file_url_are_local(self, tmp_path: Path) -> None:
+        assert isinstance(open_storage(str(tmp_path)), LocalStorage)
+        assert isinstance(open_storage(f"file://{tmp_path}"), LocalStorage)
+
+    def test_no_temp_file_left_after_writes(self, storage: Storage, tmp_path: Path) -> None:
+        for i in range(20):
+            storage.put_if_absent(f"runs/r/log/{i:012d}.ckpt", b"x" * 100)
+            storage.put("runs/r/ptr", str(i).encode())
+        leftovers = [n for _, _, files in os.walk(tmp_path) for n in files if ".tmp-" in n]
+        assert leftovers == []
+
+    def test_failed_exclusive_create_leaves_no_temp(self, storage: Storage, tmp_path: Path) -> None:
+        storage.put_if_absent("k", b"1")
+        with pytest.raises(FileExistsError):
+            storage.put_if_absent("k", b"2")
+        assert sorted(os.listdir(tmp_path / "root")) == ["k"]
+
+    def test_link_fallback_when_renameat2_unavailable(self, tmp_path: Path) -> None:
+        st = open_storage(str(tmp_path / "s"))
+        assert isinstance(st, LocalStorage)
+        st._use_renameat2 = False  # exercise the link+unlink path
+        st.put_if_absent("a", b"1")
+        with pytest.raises(FileExistsError):
+            st.put_if_absent("a", b"2")
+        assert st.get("a") == b"1"
+        assert os.listdir(tmp_path / "s") == ["a"]
+
+    def test_store_root_that_is_a_file_is_unavailable(self, tmp_path: Path) -> None:
+        from ckptfs.errors import StorageUnavailableError
+
+        (tmp_path / "f").write_text("x")
+        with pytest.raises(StorageUnavailableError, match="not a directory"):
+            open_storage(str(tmp_path / "f")).check()
