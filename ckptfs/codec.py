@@ -121,6 +121,15 @@ def _frame_end(data: bytes, has_checksum: bool) -> int:
     return pos + (4 if has_checksum else 0)
 
 
+def verify_digest(data: bytes, key: str) -> None:
+    """Check a file's bytes against its trailer without decoding it (CorruptFileError if not)."""
+    claimed = file_digest(data)
+    if claimed is None:
+        raise CorruptFileError(key, "missing or damaged integrity trailer (truncated file?)")
+    if hashlib.sha256(data[:-_TRAILER_LEN]).hexdigest() != claimed:
+        raise CorruptFileError(key, "file sha256 does not match its trailer (bytes changed)")
+
+
 def decompress(data: bytes, key: str, max_size: int = DEFAULT_MAX_DECODED_BYTES) -> bytes:
     """Bounded, strict zstd decode of one whole frame with its content checksum and trailer."""
     if len(data) < _TRAILER_LEN or data[-_TRAILER_LEN:-36] != _SKIPPABLE_MAGIC or (

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from enum import Enum
 from typing import Any
 
@@ -173,6 +174,36 @@ class AgentRun(BaseModel):
         return sum(1 for s in self.steps.values() if s.status == StepStatus.FAILED)
 
 
+def find_cycle(deps: Mapping[str, Sequence[str]], roots: Sequence[str] | None = None) -> str | None:
+    """A step id on a dependency cycle reachable from `roots` (all ids if None), else None.
+
+    Iterative DFS with white/grey/black colouring: O(V+E), no recursion limit, and plain
+    containers only, because the commit path calls it and must not build models.
+    """
+    colour: dict[str, int] = {}
+    for root in deps if roots is None else roots:
+        if root not in deps or colour.get(root):
+            continue
+        stack: list[tuple[str, int]] = [(root, 0)]
+        colour[root] = 1
+        while stack:
+            node, i = stack[-1]
+            edges = deps.get(node, ())
+            if i < len(edges):
+                stack[-1] = (node, i + 1)
+                nxt = edges[i]
+                c = colour.get(nxt, 0)
+                if c == 1:
+                    return nxt
+                if c == 0 and nxt in deps:
+                    colour[nxt] = 1
+                    stack.append((nxt, 0))
+            else:
+                colour[node] = 2
+                stack.pop()
+    return None
+
+
 def graph_problems(steps: dict[str, Step], only: set[str] | None = None) -> list[str]:
     """What makes a step graph unrunnable: unknown dependencies, cycles, a result-less COMPLETED.
 
@@ -190,27 +221,8 @@ def graph_problems(steps: dict[str, Step], only: set[str] | None = None) -> list
                 problems.append(f"step {sid!r} depends on unknown step {dep!r}")
         if step.status == StepStatus.COMPLETED and step.result is None:
             problems.append(f"step {sid!r} is COMPLETED without a result")
-    # Iterative DFS: white/grey/black colouring finds a back edge (a cycle) in O(V+E).
-    colour: dict[str, int] = {}
-    for root in ids:
-        if root not in steps or colour.get(root):
-            continue
-        stack: list[tuple[str, int]] = [(root, 0)]
-        colour[root] = 1
-        while stack:
-            node, i = stack[-1]
-            deps = steps[node].dependencies if node in steps else []
-            if i < len(deps):
-                stack[-1] = (node, i + 1)
-                nxt = deps[i]
-                c = colour.get(nxt, 0)
-                if c == 1:
-                    problems.append(f"dependency cycle through step {nxt!r}")
-                    return problems
-                if c == 0 and nxt in steps:
-                    colour[nxt] = 1
-                    stack.append((nxt, 0))
-            else:
-                colour[node] = 2
-                stack.pop()
+    cycle = find_cycle({sid: s.dependencies for sid, s in steps.items()},
+                       roots=None if only is None else list(only))
+    if cycle is not None:
+        problems.append(f"dependency cycle through step {cycle!r}")
     return problems

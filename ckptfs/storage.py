@@ -534,6 +534,19 @@ class MemoryStorage(FsspecStorage):
         with self._lock:
             return super().put(key, data)
 
+    def put_if_absent(self, key: str, data: bytes) -> str:
+        # fsspec's memory exists()/info() scan every key; the store dict answers in O(1).
+        with self._lock:
+            if self._path(key) in self.fs.store:
+                raise FileExistsError(key)
+            return super().put(key, data)
+
+    def size(self, key: str) -> int:
+        f = self.fs.store.get(self._path(key))
+        if f is None:
+            raise FileNotFoundError(key)
+        return int(f.size)
+
     def put_stream(self, key: str, src: IO[bytes], exclusive: bool = False) -> None:
         # The memory store holds whole values anyway; assembling first keeps the put atomic.
         buf = io.BytesIO()

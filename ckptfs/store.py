@@ -55,6 +55,7 @@ from ckptfs.models import (
     Step,
     StepStatus,
     ToolCall,
+    find_cycle,
     graph_problems,
     validate_id,
 )
@@ -272,7 +273,7 @@ class _Compactor:
         rc.snapshot_bytes = len(data)
         rc.carried_reads = rc.carried_bytes = 0
         if self._policy.keep_last:
-            store.apply_retention(run_id, self._policy.keep_last)
+            store.apply_retention(run_id, self._policy.keep_last, check="digest")
 
 
 def _writer_id() -> str:
@@ -494,23 +495,36 @@ class CheckpointStore:
                 problems += [f"step {k!r} depends on removed step {d!r}" for d in v if d in removed]
         else:
             deps = new_deps
-        stub = {k: Step.model_construct(id=k, dependencies=[d for d in v if d in deps])
-                for k, v in deps.items()}
-        problems += [p for p in graph_problems(stub) if "cycle" in p]
+        cycle = find_cycle(deps)
+        if cycle is not None:
+            problems.append(f"dependency cycle through step {cycle!r}")
         if problems:
             raise ValueError(f"run {run_id!r}: refusing to commit an invalid step graph: "
                              + "; ".join(problems[:5]))
 
-    def _step_changes(self, head: _Head, steps: Iterable[Step], changes: Changes) -> list[Step]:
+    def _step_changes(self, head: _Head, steps: Iterable[Step], changes: Changes,
+                      undo: dict[str, bytes | None]) -> list[Step]:
+        """Diff steps against the head; `undo` gets the previous comparison bytes of each
+        step touched, so a failed commit can restore exactly those (O(change), not O(run))."""
         changed: list[Step] = []
         for step in steps:
             model_json = step.model_dump_json().encode()
-            if head.steps_cmp.get(step.id) == model_json:
+            old = head.steps_cmp.get(step.id)
+            if old == model_json:
                 continue
             changes.steps[step.id] = self._offload_step(step, model_json)
+            undo.setdefault(step.id, old)
             head.steps_cmp[step.id] = model_json
             changed.append(step)
         return changed
+
+    @staticmethod
+    def _rollback(head: _Head, undo: dict[str, bytes | None]) -> None:
+        for sid, old in undo.items():
+            if old is None:
+                head.steps_cmp.pop(sid, None)
+            else:
+                head.steps_cmp[sid] = old
 
     def commit(self, run: AgentRun, steps: Iterable[Step | str] | None = None) -> int:
         """Commit the run-level fields and the given steps (all steps if None): the fast path.
@@ -528,12 +542,12 @@ class CheckpointStore:
             if run_json != head.run_json:
                 changes.run = run_json
             objs = [run.steps[s] if isinstance(s, str) else s for s in steps]
-            snapshot_cmp = dict(head.steps_cmp)
+            undo: dict[str, bytes | None] = {}
             try:
-                changed = self._step_changes(head, objs, changes)
+                changed = self._step_changes(head, objs, changes, undo)
                 return self._commit(run_id, changes, run=run, changed_steps=changed)
             except BaseException:
-                head.steps_cmp = snapshot_cmp
+                self._rollback(head, undo)
                 raise
 
     def save_run(self, run: AgentRun) -> int:
@@ -551,17 +565,17 @@ class CheckpointStore:
             run_json = run.model_dump_json(exclude={"steps"}).encode()
             if run_json != head.run_json:
                 changes.run = run_json
-            snapshot_cmp = dict(head.steps_cmp)
             removed = [sid for sid in head.steps_cmp if sid not in run.steps]
+            undo: dict[str, bytes | None] = {}
             try:
-                changed = self._step_changes(head, run.steps.values(), changes)
+                changed = self._step_changes(head, run.steps.values(), changes, undo)
                 for sid in removed:
                     changes.steps[sid] = None
-                    head.steps_cmp.pop(sid, None)
+                    undo.setdefault(sid, head.steps_cmp.pop(sid, None))
                 return self._commit(run_id, changes, run=run, changed_steps=changed,
                                     removed=removed)
             except BaseException:
-                head.steps_cmp = snapshot_cmp
+                self._rollback(head, undo)
                 raise
 
     def save_step_checkpoint(self, run_id: str, step: Step) -> int:
@@ -572,12 +586,12 @@ class CheckpointStore:
             if head.version == 0:
                 raise KeyError(f"run {run_id!r} has no saved state; save_run it first")
             changes = Changes()
-            snapshot_cmp = dict(head.steps_cmp)
+            undo: dict[str, bytes | None] = {}
             try:
-                changed = self._step_changes(head, [step], changes)
+                changed = self._step_changes(head, [step], changes, undo)
                 return self._commit(run_id, changes, run=None, changed_steps=changed)
             except BaseException:
-                head.steps_cmp = snapshot_cmp
+                self._rollback(head, undo)
                 raise
 
     def log_tool_call(self, run_id: str, step_id: str, tool_call: ToolCall) -> int:
@@ -916,12 +930,15 @@ class CheckpointStore:
     # ------------------------------------------------------------------------- retention
 
     def apply_retention(self, run_id: str, keep_last: int | None = None,
-                        dry_run: bool = False) -> RetentionResult:
+                        dry_run: bool = False, check: str = "full") -> RetentionResult:
         """Keep the newest `keep_last` valid snapshots and what they need; delete the rest.
 
         Never deletes anything when no snapshot validates; never deletes the newest valid
         snapshot; deletes snapshots first, then deltas, then journal records (the reverse of
         the write order), so a crash midway leaves every kept snapshot loadable.
+        check="full" decodes each kept snapshot; "digest" (the background compactor, which
+        wrote them) only re-hashes the file against its trailer, which costs no JSON parsing
+        and does not hold the GIL, keeping the commit path's latency tail short.
         """
         keep = self.policy.keep_last if keep_last is None else keep_last
         if keep < 1:
@@ -931,7 +948,11 @@ class CheckpointStore:
         valid: list[int] = []
         for rf in snaps:
             try:
-                self._decode(rf.key, self.storage.get(rf.key), run_id, rf)
+                data = self.storage.get(rf.key)
+                if check == "digest":
+                    codec.verify_digest(data, rf.key)
+                else:
+                    self._decode(rf.key, data, run_id, rf)
             except (CorruptFileError, FileNotFoundError):
                 continue
             valid.append(rf.version)

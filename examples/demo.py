@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from backends.s3.embedded import EmbeddedS3  # noqa: E402
-from ckptfs import AgentRun, CheckpointStore, Step, StepStatus  # noqa: E402
+from ckptfs import AgentRun, CheckpointStore, StepStatus  # noqa: E402
 
 CHILD = """
 import json, sys

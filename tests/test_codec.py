@@ -109,7 +109,7 @@ def test_unknown_format_version_is_a_clear_error() -> None:
 
 def test_foreign_json_in_zstd_is_refused() -> None:
     cctx = zstandard.ZstdCompressor(write_checksum=True)
-    with pytest.raises(CorruptFileError, match="not a ckptfs record|format is"):
+    with pytest.raises(CorruptFileError, match=r"not a ckptfs record|format is"):
         codec.decode(_with_trailer(cctx.compress(b'{"format":"other","body":1}')), "k")
     with pytest.raises(CorruptFileError, match="not JSON"):
         codec.decode(_with_trailer(cctx.compress(b"\xff\xfe not json")), "k")

@@ -20,7 +20,10 @@ import urllib.request
 from typing import Any
 
 # moto accepts any credentials; fixed fake ones keep boto from searching the machine for real ones.
-FAKE_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "FAKEACCESSKEYID0001", "AWS_SECRET_ACCESS_KEY": "fake-secret-not-real-0001"}
+FAKE_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "FAKEACCESSKEYID0001",
+    "AWS_SECRET_ACCESS_KEY": "fake-secret-not-real-0001",
+}
 
 
 def free_port() -> int:
