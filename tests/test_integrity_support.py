@@ -1,0 +1,164 @@
+"""Builders and mutations shared by the integrity, verify, prune and CLI maintenance tests.
+
+One realistic store: several runs written through CheckpointStore with a compaction policy
+small enough to leave snapshots, deltas, journal records and artifacts, one run written by
+two processes in turn (a reopened store), so verify is tested against what the writer
+really leaves, not against files made by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckptfs import AgentRun, CheckpointStore, CompactionPolicy, Step, StepStatus, ToolCall
+from ckptfs.layout import parse_artifact_key, parse_run_key
+
+POLICY = CompactionPolicy(fanout=3, max_plan=6, min_snapshot_bytes=3000, keep_last=2, background=False)
+THRESHOLD = 1024
+
+
+def _fill(store: CheckpointStore, run: AgentRun, first: int, count: int, rng: random.Random) -> None:
+    prev = f"s{first - 1}" if first else None
+    for i in range(first, first + count):
+        st = Step(id=f"s{i}", title=f"step {i}", dependencies=[prev] if prev else [])
+        run.add_step(st)
+        store.save_run(run)
+        st.status = StepStatus.COMPLETED
+        st.attempt_count = 1
+        st.started_at, st.completed_at = 1000.0 + i, 1001.5 + i
+        big = i % 4 == 0
+        st.result = (f"result {i} " + rng.randbytes(900).hex()) if big else f"r{i}"
+        store.commit(run, [st])
+        result = {"rows": [rng.random() for _ in range(120)]} if i % 5 == 0 else "ok"
+        store.log_tool_call(run.run_id, st.id, ToolCall(tool_name="fetch", arguments={"i": i}, result=result))
+        prev = st.id
+
+
+def build_store(url: str, storage_options: dict[str, object] | None = None, seed: int = 7) -> None:
+    """Three runs; run 'beta' is written by two store instances in turn (a restart)."""
+    rng = random.Random(seed)
+    store = CheckpointStore(url, storage_options, policy=POLICY, artifact_threshold=THRESHOLD)
+    runs = {rid: AgentRun(run_id=rid, goal=f"goal of {rid}") for rid in ("alpha", "beta", "gamma")}
+    _fill(store, runs["alpha"], 0, 14, rng)
+    _fill(store, runs["beta"], 0, 6, rng)
+    _fill(store, runs["gamma"], 0, 4, rng)
+    store.mark_run_complete("gamma", "completed")
+    store.close()
+    store = CheckpointStore(url, storage_options, policy=POLICY, artifact_threshold=THRESHOLD)
+    beta = store.load_run("beta")
+    assert beta is not None
+    _fill(store, beta, 6, 7, rng)
+    store.close()
+
+
+def all_files(root: Path) -> list[str]:
+    out = []
+    for dirpath, _dirs, names in os.walk(root):
+        for n in names:
+            out.append(os.path.relpath(os.path.join(dirpath, n), root).replace(os.sep, "/"))
+    return sorted(out)
+
+
+@dataclass
+class Mutation:
+    kind: str
+    expected: set[str]  # verify must name at least one of these keys
+    undo: dict[str, bytes | None]  # key -> original bytes (None: did not exist)
+
+    def revert(self, root: Path) -> None:
+        for key, data in self.undo.items():
+            p = root / key
+            if data is None:
+                if p.exists():
+                    p.unlink()
+            else:
+                p.parent.mkdir(parents=True, exist_ok=True)
+                p.write_bytes(data)
+
+
+KINDS = ("flip", "truncate", "delete", "swap", "copy-run", "temp", "delete-artifact")
+
+
+def detectable_deletions(keys: list[str]) -> list[str]:
+    """Journal records whose loss is visible: above the oldest snapshot and not the uncovered newest.
+
+    Deleting the newest journal record when no delta or snapshot ends at it leaves a store
+    identical to one that never committed that version; deleting a delta or a snapshot that
+    another snapshot covers leaves a store a writer could have produced. Neither is damage
+    verify can prove, so they are not mutations here (see the README).
+    """
+    by_run: dict[str, list[tuple[int, str, str]]] = {}
+    for k in keys:
+        rf = parse_run_key(k)
+        if rf is not None:
+            by_run.setdefault(k.split("/")[1], []).append((rf.version, rf.kind, k))
+    out = []
+    for files in by_run.values():
+        snaps = [v for v, kind, _ in files if kind == "snap"]
+        floor = min(snaps) if snaps else 0
+        for v, kind, k in files:
+            if kind != "log" or v <= floor:
+                continue
+            if any(v2 >= v and k2 != k for v2, _, k2 in files):
+                out.append(k)
+    return out
+
+
+def mutate(root: Path, rng: random.Random, kind: str, referenced: list[str]) -> Mutation:
+    """Apply one mutation of `kind` to the store at `root`; return how to check and undo it."""
+    keys = all_files(root)
+    run_keys = [k for k in keys if parse_run_key(k) is not None]
+    art_keys = [k for k in keys if parse_artifact_key(k) is not None]
+    if kind in ("flip", "truncate"):
+        key = rng.choice(run_keys + art_keys)
+        data = (root / key).read_bytes()
+        if kind == "flip":
+            i = rng.randrange(len(data))
+            new = data[:i] + bytes([data[i] ^ rng.randrange(1, 256)]) + data[i + 1 :]
+        else:
+            new = data[: rng.randrange(len(data))]
+        (root / key).write_bytes(new)
+        return Mutation(kind, {key}, {key: data})
+    if kind == "delete":
+        key = rng.choice(detectable_deletions(keys))
+        data = (root / key).read_bytes()
+        (root / key).unlink()
+        return Mutation(kind, {key}, {key: data})
+    if kind == "delete-artifact":
+        key = rng.choice(referenced)
+        data = (root / key).read_bytes()
+        (root / key).unlink()
+        return Mutation(kind, {key}, {key: data})
+    if kind == "swap":
+        run = rng.choice(sorted({k.split("/")[1] for k in run_keys}))
+        logs = [k for k in run_keys if k.startswith(f"runs/{run}/log/")]
+        a, b = rng.sample(logs, 2)
+        da, db = (root / a).read_bytes(), (root / b).read_bytes()
+        (root / a).write_bytes(db)
+        (root / b).write_bytes(da)
+        return Mutation(kind, {a, b}, {a: da, b: db})
+    if kind == "copy-run":
+        src = rng.choice(run_keys)
+        rf = parse_run_key(src)
+        assert rf is not None
+        src_run = src.split("/")[1]
+        others = sorted({k.split("/")[1] for k in run_keys} - {src_run})
+        dst_run = rng.choice(others)
+        same_kind = [k for k in run_keys if k.startswith(f"runs/{dst_run}/{rf.kind}/")]
+        dst = src.replace(f"runs/{src_run}/", f"runs/{dst_run}/", 1)
+        if dst not in same_kind and same_kind and rng.random() < 0.7:
+            dst = rng.choice(same_kind)  # overwrite one of its files
+        old = (root / dst).read_bytes() if (root / dst).exists() else None
+        (root / dst).parent.mkdir(parents=True, exist_ok=True)
+        (root / dst).write_bytes((root / src).read_bytes())
+        return Mutation(kind, {dst}, {dst: old})
+    if kind == "temp":
+        base = rng.choice(run_keys + art_keys)
+        d, name = base.rsplit("/", 1)
+        key = f"{d}/.{name}.tmp-{rng.randbytes(6).hex()}"
+        (root / key).write_bytes(rng.randbytes(rng.randrange(0, 200)))
+        return Mutation(kind, {key}, {key: None})
+    raise ValueError(kind)

@@ -1,0 +1,134 @@
+"""prune: dry run changes nothing; prune then verify is clean; a lone valid snapshot survives."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
+from ckptfs.cli import main as cli_main
+from ckptfs.errors import ConfigError
+from ckptfs.integrity import verify
+from ckptfs.layout import parse_artifact_key, parse_run_key
+from ckptfs.prune import parse_duration, prune
+from tests.test_integrity_support import POLICY, THRESHOLD, all_files, build_store
+
+
+@pytest.fixture(scope="module")
+def base_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("prune") / "store"
+    build_store(str(root))
+    # A step whose large result is replaced: its first artifact loses every reference once
+    # retention removes the records that held it.
+    store = CheckpointStore(str(root), policy=POLICY, artifact_threshold=THRESHOLD)
+    run = AgentRun(run_id="delta", goal="g")
+    run.add_step(Step(id="a", title="t", status=StepStatus.COMPLETED, result="A" * 5000))
+    store.save_run(run)
+    for i in range(40):
+        run.steps["a"].result = f"{i:02d}" * 2500
+        store.save_run(run)
+    store.close()
+    return root
+
+
+@pytest.fixture
+def store_copy(base_store: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "store"
+    shutil.copytree(base_store, dst)
+    return dst
+
+
+def contents(root: Path) -> dict[str, bytes]:
+    return {k: (root / k).read_bytes() for k in all_files(root)}
+
+
+def age_all(root: Path, seconds: float) -> None:
+    t = time.time() - seconds
+    for k in all_files(root):
+        os.utime(root / k, (t, t))
+
+
+def test_dry_run_changes_nothing(store_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    age_all(store_copy, 3 * 86400)
+    before = contents(store_copy)
+    assert cli_main(["prune", str(store_copy), "--keep-last", "1", "--dry-run", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    would = [k for r in doc["runs"] for k in r["deleted"]] + doc["artifacts"]["deleted"]
+    assert would and doc["artifacts"]["deleted"]
+    assert contents(store_copy) == before
+    report = prune(str(store_copy), 1)
+    assert sorted(report.deleted) == sorted(would)
+
+
+def test_prune_then_verify_is_clean(store_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    age_all(store_copy, 3 * 86400)
+    unref_before = [f for f in verify(str(store_copy)).findings if f.code == "unreferenced-artifact"]
+    had_snap = {k.split("/")[1] for k in all_files(store_copy) if "/snap/" in k}
+    assert cli_main(["prune", str(store_copy), "--keep-last", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "removed" in out
+    report = verify(str(store_copy), level="data")
+    assert report.findings == [] and report.artifacts > 0
+    snaps = [k for k in all_files(store_copy) if "/snap/" in k]
+    assert {k.split("/")[1] for k in snaps} == had_snap and "delta" in had_snap
+    assert all(not (store_copy / f.key).exists() for f in unref_before if f.key)
+    for rid in ("alpha", "beta", "gamma", "delta"):
+        assert CheckpointStore(str(store_copy)).load_run(rid) is not None
+
+
+def test_grace_period_keeps_young_artifacts(store_copy: Path) -> None:
+    arts_before = {k for k in all_files(store_copy) if parse_artifact_key(k)}
+    report = prune(str(store_copy), 1)  # files are seconds old: all younger than 24 h
+    assert report.artifacts_deleted == [] and report.artifacts_young
+    assert {k for k in all_files(store_copy) if parse_artifact_key(k)} == arts_before
+    report = prune(str(store_copy), 1, artifact_grace=0)
+    assert report.artifacts_deleted and not any((store_copy / k).exists() for k in report.artifacts_deleted)
+    assert verify(str(store_copy), level="data").ok
+
+
+def test_every_snapshot_but_one_broken_keeps_the_valid_one(store_copy: Path) -> None:
+    snaps = sorted(k for k in all_files(store_copy) if k.startswith("runs/alpha/snap/"))
+    assert len(snaps) >= 2
+    keep = snaps[0]  # the oldest stays valid; every newer one is damaged
+    for k in snaps[1:]:
+        p = store_copy / k
+        p.write_bytes(p.read_bytes()[:-7])
+    age_all(store_copy, 3 * 86400)
+    report = prune(str(store_copy), 1, run_id="alpha")
+    alpha = report.runs[0]
+    assert alpha.kept_snapshots == [parse_run_key(keep).version]  # type: ignore[union-attr]
+    assert (store_copy / keep).exists() and keep not in report.deleted
+    assert CheckpointStore(str(store_copy)).load_run("alpha") is not None
+    # Damaged files make references unknowable: collection refuses to run.
+    report = prune(str(store_copy), 1, artifact_grace=0)
+    assert report.artifact_gc.startswith("skipped") and report.artifacts_deleted == []
+    assert not report.ok
+
+
+def test_crash_midway_through_retention_is_not_damage(store_copy: Path) -> None:
+    store = CheckpointStore(str(store_copy))
+    doomed = store.apply_retention("alpha", 1, dry_run=True).deleted
+    snaps_and_deltas = [k for k in doomed if "/log/" not in k]
+    assert snaps_and_deltas and len(snaps_and_deltas) < len(doomed)
+    for k in snaps_and_deltas:  # retention deletes these first; "crash" before the journal
+        (store_copy / k).unlink()
+    assert verify(str(store_copy)).problems == []
+
+
+def test_empty_policy_and_bad_input_are_refused(store_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = contents(store_copy)
+    assert cli_main(["prune", str(store_copy)]) == 2
+    assert cli_main(["prune", str(store_copy), "--keep-last", "0"]) == 2
+    assert cli_main(["prune", str(store_copy), "--keep-last", "1", "--artifact-grace", "soon"]) == 2
+    assert cli_main(["prune", str(store_copy), "--keep-last", "1", "--run", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "empty retention policy" in err and "'nope' not found" in err and "soon" in err
+    with pytest.raises(ConfigError):
+        prune(str(store_copy), 0)
+    assert contents(store_copy) == before
+    assert parse_duration("24h") == 86400 and parse_duration("90") == 90 and parse_duration("2d") == 172800
