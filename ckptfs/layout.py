@@ -77,3 +77,94 @@ def parse_artifact_key(key: str) -> str | None:
         return None
     sha = parts[3]
     return sha if _SHA.match(sha) and parts[2] == sha[:2] else None
+
+
+# ------------------------------------------------- LangGraph saver (ckptfs/integrations/langgraph.py)
+#
+#   langgraph/threads/<thread>/<ns>/ckpt/<checkpoint_id>     a checkpoint + the channel versions it wrote
+#   langgraph/threads/<thread>/<ns>/held/<checkpoint_id>     a pruned checkpoint's versions still in use
+#   langgraph/threads/<thread>/<ns>/writes/<checkpoint_id>/<task_id>/<slot>   one task's pending writes
+#   langgraph/runs/<run_id>/<thread>/<ns>                    marker: this run wrote checkpoints there
+#
+# LangGraph ids are user-provided, so every segment is percent-encoded: only [A-Za-z0-9_-] stays as
+# is; '.', '/', ':', '|', '%', space and non-ASCII become %XX (UTF-8), so no segment can be '.',
+# '..' or contain a separator, and the encoding is reversible. The namespace segment is "_" + the
+# encoding ("_" alone is the root namespace ""); one whose encoding passes 200 characters becomes
+# "~" + sha256 (the real namespace is stored inside each object). Other ids over 200 encoded
+# characters are refused. Encoding keeps uuid6 checkpoint ids unchanged, so a listing sorts by time.
+
+import hashlib  # noqa: E402  (kept with the section it serves: earlier lines stay untouched)
+from urllib.parse import unquote  # noqa: E402
+
+from ckptfs.errors import InvalidIdError  # noqa: E402
+
+LG_ROOT = "langgraph"
+LG_MAX_SEGMENT = 200
+_LG_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+def lg_encode(value: str, what: str = "id") -> str:
+    """Percent-encode one user-provided id into a safe, reversible key segment."""
+    if not isinstance(value, str):
+        raise InvalidIdError(f"{what} must be a string, got {type(value).__name__}")
+    if not value:
+        raise InvalidIdError(f"{what} must not be empty")
+    seg = "".join(chr(b) if b in _LG_SAFE else f"%{b:02X}" for b in value.encode("utf-8"))
+    if len(seg) > LG_MAX_SEGMENT:
+        raise InvalidIdError(f"{what} {value[:40]!r}... is too long ({len(seg)} encoded characters; "
+                             f"the limit is {LG_MAX_SEGMENT})")
+    return seg
+
+
+def lg_decode(segment: str) -> str:
+    """The id a segment made by `lg_encode` stands for."""
+    return unquote(segment, errors="strict")
+
+
+def lg_ns_segment(checkpoint_ns: str) -> str:
+    if not isinstance(checkpoint_ns, str):
+        raise InvalidIdError(f"checkpoint_ns must be a string, got {type(checkpoint_ns).__name__}")
+    if not checkpoint_ns:
+        return "_"
+    seg = "".join(chr(b) if b in _LG_SAFE else f"%{b:02X}" for b in checkpoint_ns.encode("utf-8"))
+    if len(seg) + 1 > LG_MAX_SEGMENT:
+        return "~" + hashlib.sha256(checkpoint_ns.encode("utf-8")).hexdigest()
+    return "_" + seg
+
+
+def lg_threads_prefix() -> str:
+    return f"{LG_ROOT}/threads/"
+
+
+def lg_thread_prefix(thread_id: str) -> str:
+    return f"{LG_ROOT}/threads/{lg_encode(thread_id, 'thread_id')}/"
+
+
+def lg_ns_prefix(thread_id: str, checkpoint_ns: str) -> str:
+    return f"{lg_thread_prefix(thread_id)}{lg_ns_segment(checkpoint_ns)}/"
+
+
+def lg_checkpoint_key(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> str:
+    return f"{lg_ns_prefix(thread_id, checkpoint_ns)}ckpt/{lg_encode(checkpoint_id, 'checkpoint_id')}"
+
+
+def lg_held_key(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> str:
+    return f"{lg_ns_prefix(thread_id, checkpoint_ns)}held/{lg_encode(checkpoint_id, 'checkpoint_id')}"
+
+
+def lg_writes_prefix(thread_id: str, checkpoint_ns: str, checkpoint_id: str | None = None) -> str:
+    base = f"{lg_ns_prefix(thread_id, checkpoint_ns)}writes/"
+    return base if checkpoint_id is None else f"{base}{lg_encode(checkpoint_id, 'checkpoint_id')}/"
+
+
+def lg_write_key(thread_id: str, checkpoint_ns: str, checkpoint_id: str, task_id: str, slot: str) -> str:
+    task = lg_encode(task_id, "task_id")
+    return f"{lg_writes_prefix(thread_id, checkpoint_ns, checkpoint_id)}{task}/{slot}"
+
+
+def lg_run_prefix(run_id: str) -> str:
+    return f"{LG_ROOT}/runs/{lg_encode(run_id, 'run_id')}/"
+
+
+def lg_run_marker_key(run_id: str, thread_id: str, checkpoint_ns: str) -> str:
+    return f"{lg_run_prefix(run_id)}{lg_encode(thread_id, 'thread_id')}/{lg_ns_segment(checkpoint_ns)}"

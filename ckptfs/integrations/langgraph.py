@@ -1,0 +1,704 @@
+"""CkptfsSaver: a LangGraph checkpointer that stores each step's change, not the whole state.
+
+One object per checkpoint (`ckpt/<id>`, created exclusively, one PUT on S3, one fsync'd file
+on disk) holds LangGraph's serialized checkpoint and metadata plus a frame for each channel in
+`new_versions`, and nothing else: unchanged channels are references to the checkpoint that
+holds their version. A channel whose value changes every step (a message list) is stored as a
+zstd delta against its previous version, with a whole copy every `full_every` versions, so a
+read rebuilds any version from at most `full_every` objects. Values go through LangGraph's own
+serializer (`self.serde`); ckptfs only frames and compresses the bytes.
+
+Key names live in ckptfs/layout.py (the LangGraph section); the byte format in `_lgformat.py`.
+Thread, namespace, checkpoint, task and run ids are percent-encoded into key segments.
+
+Guarantees: `put` / `put_writes` are durable on return (the Storage contract); a checkpoint is
+visible only once its object is whole; prune, delete_for_runs and delete_thread never leave a
+surviving checkpoint unreadable (versions still referenced move to `held/<id>` before the
+pruned checkpoint is deleted, and deletes go newest first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    PendingWrite,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+    writes_sort_key,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from ckptfs.errors import ConfigError, CorruptFileError
+from ckptfs.integrations import _lgformat as fmt
+from ckptfs.layout import (
+    lg_checkpoint_key,
+    lg_decode,
+    lg_encode,
+    lg_held_key,
+    lg_ns_prefix,
+    lg_run_marker_key,
+    lg_run_prefix,
+    lg_thread_prefix,
+    lg_threads_prefix,
+    lg_write_key,
+    lg_writes_prefix,
+)
+from ckptfs.storage import Storage, open_storage
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CkptfsSaver"]
+
+T = TypeVar("T")
+Ref = list[Any]  # [holder checkpoint id or None (no value), channel version]
+# spelled here once: inside the class, `list` is the LangGraph method
+_WriteItems = list[tuple[int, str, Any]]
+_Strs = list[str]
+DEFAULT_FULL_EVERY = 16
+DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
+_CKPT = "ckpt/"
+_HELD = "held/"
+
+
+@dataclass
+class _Loaded:
+    """One checkpoint object read back: where it lives and its parsed content."""
+
+    key: str
+    obj: fmt.Unpacked
+
+    @property
+    def header(self) -> dict[str, Any]:
+        return self.obj.header
+
+
+class _ValueCache:
+    """Bounded LRU of serialized channel versions, so a put compresses against memory, not a read."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[tuple[str, str, str, str], tuple[str, bytes, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, str, str, str]) -> tuple[str, bytes, int] | None:
+        with self._lock:
+            item = self._items.get(key)
+            if item is not None:
+                self._items.move_to_end(key)
+            return item
+
+    def put(self, key: tuple[str, str, str, str], item: tuple[str, bytes, int]) -> None:
+        if len(item[1]) > self.max_bytes:
+            return
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= len(old[1])
+            self._items[key] = item
+            self._bytes += len(item[1])
+            while self._bytes > self.max_bytes and self._items:
+                _, dropped = self._items.popitem(last=False)
+                self._bytes -= len(dropped[1])
+
+    def forget_thread(self, thread_id: str) -> None:
+        with self._lock:
+            for key in [k for k in self._items if k[0] == thread_id]:
+                self._bytes -= len(self._items.pop(key)[1])
+
+
+def _of_run(run_id: str) -> Callable[[Sequence[_Loaded]], set[str]]:
+    def choose(items: Sequence[_Loaded]) -> set[str]:
+        return {str(i.header["id"]) for i in items if i.header.get("run_id") == run_id}
+    return choose
+
+
+class CkptfsSaver(BaseCheckpointSaver[int]):
+    """LangGraph checkpointer on ckptfs storage: local disk, S3 or memory, by URL.
+
+    Parameters
+    ----------
+    url, storage_options
+        Where to store (`/path`, `file:///path`, `s3://bucket/prefix`, `memory://name`).
+    storage, store
+        A ready `ckptfs.Storage`, or a `ckptfs.CheckpointStore` whose storage is shared.
+    serde
+        LangGraph serializer (default: LangGraph's JsonPlusSerializer).
+    full_every
+        A channel version is stored whole at least every this many versions; a read of any
+        version touches at most this many objects.
+    cache_bytes
+        Memory for recent serialized channel values (deltas compress against them).
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        storage: Storage | None = None,
+        store: Any = None,
+        serde: SerializerProtocol | None = None,
+        full_every: int = DEFAULT_FULL_EVERY,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        max_decoded_bytes: int = fmt.DEFAULT_MAX_DECODED,
+    ) -> None:
+        super().__init__(serde=serde)
+        given = [x for x in (url, storage, store) if x is not None]
+        if len(given) != 1:
+            raise ConfigError("CkptfsSaver needs exactly one of url, storage= or store=")
+        if store is not None:
+            storage = cast(Storage, getattr(store, "storage", None))
+            if not isinstance(storage, Storage):
+                raise ConfigError("store= must be a ckptfs CheckpointStore (it has no .storage)")
+        if storage is None:
+            assert url is not None
+            storage = open_storage(url, storage_options)
+        if not isinstance(full_every, int) or full_every < 1:
+            raise ConfigError(f"full_every must be an integer >= 1, got {full_every!r}")
+        self.storage: Storage = storage
+        self.full_every = full_every
+        self.max_decoded_bytes = max_decoded_bytes
+        self._values = _ValueCache(cache_bytes)
+        self._lock = threading.Lock()
+        self._last: dict[tuple[str, str], tuple[str, dict[str, Ref]]] = {}
+        self._run_markers: set[tuple[str, str, str]] = set()
+
+    def __repr__(self) -> str:
+        return f"CkptfsSaver({self.storage.display_url!r})"
+
+    # ----------------------------------------------------------------------------- helpers
+
+    @staticmethod
+    def _ids(config: RunnableConfig) -> tuple[str, str, str | None]:
+        conf = config.get("configurable") or {}
+        if conf.get("thread_id") is None:
+            raise ValueError("config['configurable']['thread_id'] is required by CkptfsSaver")
+        ns = conf.get("checkpoint_ns") or ""
+        return str(conf["thread_id"]), str(ns), get_checkpoint_id(config)
+
+    @staticmethod
+    def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
+        return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
+
+    def _read(self, key: str) -> _Loaded:
+        return _Loaded(key, fmt.unpack(self.storage.get(key), key, self.max_decoded_bytes))
+
+    def _read_holder(self, thread_id: str, ns: str, checkpoint_id: str,
+                     seen: dict[str, _Loaded]) -> _Loaded:
+        """The object holding a checkpoint's channel versions: `ckpt/` or, once pruned, `held/`."""
+        if checkpoint_id in seen:
+            return seen[checkpoint_id]
+        try:
+            loaded = self._read(lg_checkpoint_key(thread_id, ns, checkpoint_id))
+        except FileNotFoundError:
+            try:
+                loaded = self._read(lg_held_key(thread_id, ns, checkpoint_id))
+            except FileNotFoundError:
+                raise CorruptFileError(
+                    lg_checkpoint_key(thread_id, ns, checkpoint_id),
+                    "a stored checkpoint refers to channel versions in this object, which is gone",
+                ) from None
+        seen[checkpoint_id] = loaded
+        return loaded
+
+    def _channel(self, thread_id: str, ns: str, holder: str, channel: str,
+                 seen: dict[str, _Loaded], depth_limit: int | None = None) -> tuple[str, bytes, int]:
+        """(serde type, serialized bytes, depth) of one channel version, rebuilding its delta chain."""
+        ck = (thread_id, ns, holder, channel)
+        hit = self._values.get(ck)
+        if hit is not None:
+            return hit
+        loaded = self._read_holder(thread_id, ns, holder, seen)
+        part = loaded.obj.parts.get(channel)
+        if part is None:
+            raise CorruptFileError(loaded.key, f"channel {channel!r} is referenced here but not stored")
+        if depth_limit is not None and part.depth >= depth_limit:
+            raise CorruptFileError(loaded.key, f"channel {channel!r}: delta chain does not shorten")
+        base = None
+        if part.base is not None:
+            if part.depth < 1:
+                raise CorruptFileError(loaded.key, f"channel {channel!r}: delta without depth")
+            _, base, _ = self._channel(thread_id, ns, part.base, channel, seen, part.depth)
+        raw = fmt.decompress(part.frame, f"{loaded.key}#{channel}", base, self.max_decoded_bytes)
+        item = (part.type, raw, part.depth)
+        self._values.put(ck, item)
+        return item
+
+    def _writes(self, thread_id: str, ns: str, checkpoint_id: str,
+                keys: list[str] | None = None) -> list[PendingWrite]:
+        if keys is None:
+            keys = self.storage.list(lg_writes_prefix(thread_id, ns, checkpoint_id))
+        found: dict[tuple[str, int], tuple[str, str, str, int, Any]] = {}
+        for key in keys:
+            try:
+                obj = fmt.unpack(self.storage.get(key), key, self.max_decoded_bytes)
+            except FileNotFoundError:
+                continue
+            head = obj.header
+            task_id, task_path = str(head["task"]), str(head.get("path", ""))
+            offset = 0
+            for idx, channel, typ, n in head["items"]:
+                value = obj.raw[offset : offset + n]
+                offset += n
+                found.setdefault((task_id, idx), (task_path, task_id, channel, idx, (typ, value)))
+        ordered = sorted(found.values(), key=lambda w: writes_sort_key(w[0], w[1], w[3]))
+        return [(tid, ch, self.serde.loads_typed(val)) for _, tid, ch, _, val in ordered]
+
+    def _tuple(self, thread_id: str, loaded: _Loaded, writes_keys: list[str] | None = None,
+               metadata: CheckpointMetadata | None = None) -> CheckpointTuple:
+        head = loaded.header
+        ns, checkpoint_id = str(head["ns"]), str(head["id"])
+        seen = {checkpoint_id: loaded}
+        checkpoint = cast(Checkpoint, self.serde.loads_typed((head["ct"], loaded.obj.section("co", "cn"))))
+        if metadata is None:
+            metadata = self._metadata(loaded)
+        values: dict[str, Any] = {}
+        for channel, (holder, _version) in head["refs"].items():
+            if holder is None:
+                continue
+            typ, raw, _ = self._channel(thread_id, ns, holder, channel, seen)
+            values[channel] = self.serde.loads_typed((typ, raw))
+        parent = head.get("parent")
+        return CheckpointTuple(
+            config=self._config(thread_id, ns, checkpoint_id),
+            checkpoint={**checkpoint, "channel_values": values},
+            metadata=metadata,
+            parent_config=self._config(thread_id, ns, parent) if parent else None,
+            pending_writes=self._writes(thread_id, ns, checkpoint_id, writes_keys),
+        )
+
+    def _metadata(self, loaded: _Loaded) -> CheckpointMetadata:
+        return cast(CheckpointMetadata,
+                    self.serde.loads_typed((loaded.header["mt"], loaded.obj.section("mo", "mn"))))
+
+    def _parent_refs(self, thread_id: str, ns: str, parent: str | None) -> dict[str, Ref]:
+        if parent is None:
+            return {}
+        with self._lock:
+            last = self._last.get((thread_id, ns))
+        if last is not None and last[0] == parent:
+            return last[1]
+        try:
+            loaded = self._read_holder(thread_id, ns, parent, {})
+        except CorruptFileError:
+            return {}  # no parent stored: every channel value is taken from the checkpoint itself
+        return cast(dict[str, Ref], loaded.header.get("refs") or {})
+
+    # ------------------------------------------------------------------------------ reads
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        thread_id, ns, checkpoint_id = self._ids(config)
+        for _ in range(3):  # a concurrent prune can remove the newest between list and get
+            if checkpoint_id is None:
+                keys = self.storage.list(lg_ns_prefix(thread_id, ns) + _CKPT)
+                if not keys:
+                    return None
+                key = keys[-1]
+            else:
+                key = lg_checkpoint_key(thread_id, ns, checkpoint_id)
+            try:
+                loaded = self._read(key)
+            except FileNotFoundError:
+                if checkpoint_id is not None:
+                    return None
+                continue
+            return self._tuple(thread_id, loaded)
+        return None
+
+    def _thread_ids(self) -> list[str]:
+        return [lg_decode(seg) for seg in self.storage.list_dirs(lg_threads_prefix())]
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """Newest first. Only keys are listed up front; objects are read until `limit` matches."""
+        if config is not None:
+            thread_ids = [self._ids(config)[0]]
+            ns_filter = (config.get("configurable") or {}).get("checkpoint_ns")
+            id_filter = get_checkpoint_id(config)
+        else:
+            thread_ids, ns_filter, id_filter = self._thread_ids(), None, None
+        before_id = get_checkpoint_id(before) if before else None
+        if limit is not None and limit <= 0:
+            return
+        found: list[tuple[str, str, str, str]] = []  # (checkpoint id, thread, ns prefix, key)
+        for thread_id in thread_ids:
+            if ns_filter is not None:
+                prefixes = [lg_ns_prefix(thread_id, str(ns_filter))]
+            else:
+                tp = lg_thread_prefix(thread_id)
+                prefixes = [f"{tp}{seg}/" for seg in self.storage.list_dirs(tp)]
+            for prefix in prefixes:
+                for key in self.storage.list(prefix + _CKPT):
+                    cid = lg_decode(key.rsplit("/", 1)[1])
+                    if id_filter is not None and cid != id_filter:
+                        continue
+                    if before_id is not None and cid >= before_id:
+                        continue
+                    found.append((cid, thread_id, prefix, key))
+        found.sort(reverse=True)
+        writes_index: dict[str, dict[str, list[str]]] = {}
+        remaining = limit
+        for cid, thread_id, prefix, key in found:
+            try:
+                loaded = self._read(key)
+            except FileNotFoundError:
+                continue
+            metadata = self._metadata(loaded)
+            if filter and not all(metadata.get(k) == v for k, v in filter.items()):
+                continue
+            if prefix not in writes_index:
+                index: dict[str, list[str]] = {}
+                for wkey in self.storage.list(prefix + "writes/"):
+                    index.setdefault(wkey[len(prefix) + 7 :].split("/", 1)[0], []).append(wkey)
+                writes_index[prefix] = index
+            yield self._tuple(thread_id, loaded, writes_index[prefix].get(lg_encode(cid), []), metadata)
+            if remaining is not None:
+                remaining -= 1
+                if remaining <= 0:
+                    return
+
+    # ----------------------------------------------------------------------------- writes
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        thread_id, ns, parent = self._ids(config)
+        checkpoint_id = str(checkpoint["id"])
+        key = lg_checkpoint_key(thread_id, ns, checkpoint_id)
+        c: dict[str, Any] = dict(checkpoint)
+        values: dict[str, Any] = c.pop("channel_values", None) or {}
+        versions: ChannelVersions = c.get("channel_versions") or {}
+        parent_refs = self._parent_refs(thread_id, ns, parent)
+        refs: dict[str, Ref] = {}
+        parts: list[fmt.Part] = []
+        fresh: list[tuple[str, tuple[str, bytes, int]]] = []
+        for channel, version in versions.items():
+            prev = parent_refs.get(channel)
+            if channel not in new_versions:
+                if prev is not None and prev[1] == version:
+                    refs[channel] = prev
+                    continue
+                if channel not in values:
+                    continue  # nothing known for it: LangGraph treats the channel as empty
+            if channel not in values:
+                refs[channel] = [None, version]
+                continue
+            typ, raw = self.serde.dumps_typed(values[channel])
+            part = self._encode_part(thread_id, ns, channel, typ, raw, prev)
+            parts.append(part)
+            refs[channel] = [checkpoint_id, version]
+            fresh.append((channel, (typ, raw, part.depth)))
+        ct, cbytes = self.serde.dumps_typed(c)
+        md = get_checkpoint_metadata(config, metadata)
+        mt, mbytes = self.serde.dumps_typed(md)
+        run_id = md.get("run_id")
+        header = {
+            "kind": "checkpoint", "id": checkpoint_id, "ns": ns, "parent": parent,
+            "run_id": str(run_id) if run_id is not None else None,
+            "delta_channels": "counters_since_delta_snapshot" in md,
+            "ct": ct, "co": 0, "cn": len(cbytes), "mt": mt, "mo": len(cbytes), "mn": len(mbytes),
+            "refs": refs,
+        }
+        data = fmt.pack(header, cbytes + mbytes, parts)
+        if run_id is not None:
+            self._mark_run(str(run_id), thread_id, ns)
+        try:
+            self.storage.put_if_absent(key, data)
+        except FileExistsError:
+            logger.debug("checkpoint %s stored again: replacing it", checkpoint_id)
+            self.storage.put(key, data)
+        for channel, item in fresh:
+            self._values.put((thread_id, ns, checkpoint_id, channel), item)
+        with self._lock:
+            self._last[(thread_id, ns)] = (checkpoint_id, refs)
+        return self._config(thread_id, ns, checkpoint_id)
+
+    def _encode_part(self, thread_id: str, ns: str, channel: str, typ: str, raw: bytes,
+                     prev: Ref | None) -> fmt.Part:
+        """A delta against the channel's previous version when that is in memory, else whole."""
+        if prev is not None and prev[0] is not None and len(raw) >= fmt.MIN_DELTA_BYTES:
+            hit = self._values.get((thread_id, ns, str(prev[0]), channel))
+            if (hit is not None and hit[2] + 1 < self.full_every
+                    and len(hit[1]) <= fmt.MAX_DELTA_BASE and len(raw) <= fmt.MAX_DELTA_BASE):
+                return fmt.Part(channel, typ, fmt.compress_delta(raw, hit[1]), str(prev[0]), hit[2] + 1)
+        return fmt.Part(channel, typ, fmt.compress_full(raw))
+
+    def _mark_run(self, run_id: str, thread_id: str, ns: str) -> None:
+        """Once per (run, thread, namespace): lets delete_for_runs find the run without a full scan."""
+        mark = (run_id, thread_id, ns)
+        if mark in self._run_markers:
+            return
+        body = json.dumps({"thread_id": thread_id, "checkpoint_ns": ns}).encode()
+        with contextlib.suppress(FileExistsError):
+            self.storage.put_if_absent(lg_run_marker_key(run_id, thread_id, ns), body)
+        self._run_markers.add(mark)
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Regular writes of one call go in one object (first call per task wins, as in LangGraph's
+        savers); special writes (error, interrupt, resume, scheduled) replace earlier ones."""
+        thread_id, ns, checkpoint_id = self._ids(config)
+        if checkpoint_id is None:
+            raise ValueError("put_writes needs config['configurable']['checkpoint_id']")
+        regular: _WriteItems = []
+        special: _WriteItems = []
+        for idx, (channel, value) in enumerate(writes):
+            slot = WRITES_IDX_MAP.get(channel, idx)
+            (special if slot < 0 else regular).append((slot, channel, value))
+        if regular:
+            key = lg_write_key(thread_id, ns, checkpoint_id, str(task_id), f"r{regular[0][0]:06d}")
+            with contextlib.suppress(FileExistsError):
+                self.storage.put_if_absent(key, self._pack_writes(str(task_id), task_path, regular))
+        for item in special:
+            key = lg_write_key(thread_id, ns, checkpoint_id, str(task_id), f"s{-item[0]:02d}")
+            self.storage.put(key, self._pack_writes(str(task_id), task_path, [item]))
+
+    def _pack_writes(self, task_id: str, task_path: str, items: _WriteItems) -> bytes:
+        meta: Any = []
+        blobs: Any = []
+        for idx, channel, value in items:
+            typ, raw = self.serde.dumps_typed(value)
+            meta.append([idx, channel, typ, len(raw)])
+            blobs.append(raw)
+        return fmt.pack({"kind": "writes", "task": task_id, "path": task_path, "items": meta},
+                        b"".join(blobs), [])
+
+    # --------------------------------------------------------------------------- deletion
+
+    def delete_thread(self, thread_id: str) -> None:
+        thread_id = str(thread_id)
+        keys = self.storage.list(lg_thread_prefix(thread_id))
+        # newest checkpoints first: whatever survives a crash midway still reads back whole
+        ckpts = sorted((k for k in keys if f"/{_CKPT}" in k), key=lambda k: k.rsplit("/", 1)[1],
+                       reverse=True)
+        for key in ckpts:
+            self.storage.delete(key)
+        ckpt_set = set(ckpts)
+        for key in keys:
+            if key not in ckpt_set:
+                self.storage.delete(key)
+        self._forget(thread_id)
+
+    def _forget(self, thread_id: str, ns: str | None = None) -> None:
+        self._values.forget_thread(thread_id)
+        with self._lock:
+            for k in [k for k in self._last if k[0] == thread_id and (ns is None or k[1] == ns)]:
+                del self._last[k]
+
+    def _namespaces(self, thread_id: str) -> _Strs:
+        """The ns prefixes of a thread (their segments may be hashes, so never decoded)."""
+        tp = lg_thread_prefix(thread_id)
+        return [f"{tp}{seg}/" for seg in self.storage.list_dirs(tp)]
+
+    def _remove(self, thread_id: str, prefix: str,
+                choose: Callable[[Sequence[_Loaded]], set[str]]) -> int:
+        """Remove the checkpoints `choose` picks from one namespace, keeping what survivors need.
+
+        Channel versions a surviving checkpoint still reads (directly or as a delta base) are
+        rewritten to `held/<id>` before `ckpt/<id>` is deleted; held objects nobody needs go.
+        """
+        ckpt_keys = self.storage.list(prefix + _CKPT)
+        held_keys = self.storage.list(prefix + _HELD)
+        loaded: dict[str, _Loaded] = {}
+        for key in ckpt_keys:
+            try:
+                item = self._read(key)
+            except FileNotFoundError:
+                continue
+            loaded[str(item.header["id"])] = item
+        ordered = [loaded[c] for c in sorted(loaded)]
+        remove = choose(ordered) & set(loaded)
+        if not remove:
+            return 0
+        keep = set(loaded) - remove
+        # DeltaChannel (beta) rebuilds from ancestors' writes: keep their whole parent chain
+        for cid in list(keep):
+            if loaded[cid].header.get("delta_channels"):
+                parent = loaded[cid].header.get("parent")
+                while parent in loaded and parent not in keep:
+                    keep.add(parent)
+                    parent = loaded[parent].header.get("parent")
+        remove -= keep
+        if not remove:
+            return 0
+        holders: dict[str, _Loaded] = dict(loaded)
+        for key in held_keys:
+            try:
+                item = self._read(key)
+            except FileNotFoundError:
+                continue
+            holders.setdefault(str(item.header["id"]), item)
+        needed: dict[str, set[str]] = {}
+        for cid in keep:
+            for channel, (holder, _v) in loaded[cid].header["refs"].items():
+                while holder is not None and channel not in needed.get(holder, set()):
+                    needed.setdefault(holder, set()).add(channel)
+                    part = holders[holder].obj.parts.get(channel) if holder in holders else None
+                    holder = part.base if part is not None else None
+        ns = str(next(iter(loaded.values())).header["ns"])
+        for cid in sorted(remove, reverse=True):
+            obj = loaded[cid].obj
+            if cid in needed:
+                head = {"kind": "held", "id": cid, "ns": ns, "refs": {}}
+                self.storage.put(lg_held_key(thread_id, ns, cid),
+                                 fmt.pack(head, b"", [p for c, p in obj.parts.items() if c in needed[cid]]))
+            self.storage.delete(lg_checkpoint_key(thread_id, ns, cid))
+            for wkey in self.storage.list(lg_writes_prefix(thread_id, ns, cid)):
+                self.storage.delete(wkey)
+        for key in held_keys:
+            cid = lg_decode(key.rsplit("/", 1)[1])
+            if cid not in needed and cid not in remove:
+                self.storage.delete(key)
+        self._forget(thread_id, ns)
+        return len(remove)
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        for run_id in run_ids:
+            rp = lg_run_prefix(str(run_id))
+            for marker in self.storage.list(rp):
+                try:
+                    info = json.loads(self.storage.get(marker))
+                except FileNotFoundError:
+                    continue
+                thread_id, ns = str(info["thread_id"]), str(info["checkpoint_ns"])
+                self._remove(thread_id, lg_ns_prefix(thread_id, ns), _of_run(str(run_id)))
+                self.storage.delete(marker)
+            with self._lock:
+                self._run_markers = {m for m in self._run_markers if m[0] != str(run_id)}
+
+    def prune(
+        self,
+        thread_ids: Sequence[str],
+        *,
+        strategy: str = "keep_latest",
+        keep_last: int | None = None,
+    ) -> None:
+        """`keep_latest` keeps the newest `keep_last` (default 1) checkpoints per namespace, with
+        their pending writes (interrupts, resumes) and every stored version they read;
+        `delete` removes the threads."""
+        if strategy == "delete":
+            for thread_id in thread_ids:
+                self.delete_thread(thread_id)
+            return
+        if strategy != "keep_latest":
+            raise ValueError(f"unknown prune strategy {strategy!r}: use 'keep_latest' or 'delete'")
+        n = 1 if keep_last is None else keep_last
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"keep_last must be an integer >= 1 (use strategy='delete'), got {keep_last!r}")
+        for thread_id in thread_ids:
+            for prefix in self._namespaces(str(thread_id)):
+                self._remove(str(thread_id), prefix, lambda items: {
+                    str(i.header["id"]) for i in items[:-n]})
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every object byte for byte (they never name their thread); existing ones stay."""
+        src, dst = lg_thread_prefix(str(source_thread_id)), lg_thread_prefix(str(target_thread_id))
+        keys = self.storage.list(src)
+
+        def order(key: str) -> tuple[int, str]:
+            # holders and writes before the checkpoints that point at them, oldest first
+            return (1 if f"/{_CKPT}" in key else 0, key.rsplit("/", 1)[1])
+
+        for key in sorted(keys, key=order):
+            try:
+                data = self.storage.get(key)
+            except FileNotFoundError:
+                continue
+            if f"/{_CKPT}" in key:
+                head = fmt.unpack(data, key, self.max_decoded_bytes).header
+                if head.get("run_id") is not None:
+                    self._mark_run(str(head["run_id"]), str(target_thread_id), str(head["ns"]))
+            with contextlib.suppress(FileExistsError):
+                self.storage.put_if_absent(dst + key[len(src):], data)
+
+    # ------------------------------------------------------------------------------ async
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await asyncio.to_thread(self.get_tuple, config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        it = self.list(config, filter=filter, before=before, limit=limit)
+        done = object()
+        while True:
+            item = await asyncio.to_thread(next, it, done)
+            if item is done:
+                return
+            yield cast(CheckpointTuple, item)
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await asyncio.to_thread(self.delete_thread, thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await asyncio.to_thread(self.delete_for_runs, run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def aprune(
+        self,
+        thread_ids: Sequence[str],
+        *,
+        strategy: str = "keep_latest",
+        keep_last: int | None = None,
+    ) -> None:
+        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy, keep_last=keep_last)
+
+    def close(self) -> None:
+        self.storage.close()
