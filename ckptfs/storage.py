@@ -83,6 +83,16 @@ def redact_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _scrub(text: str, options: Mapping[str, Any]) -> str:
+    """Remove every secret option value from a message that a library built around them."""
+    for k, v in options.items():
+        if isinstance(v, Mapping):
+            text = _scrub(text, v)
+        elif _SECRET_KEY.search(str(k)) and isinstance(v, str) and v:
+            text = text.replace(v, "***")
+    return text
+
+
 def check_key(key: str) -> str:
     """Keys are relative, '/'-separated and never climb out of the store root."""
     if not key or key.startswith("/") or "\\" in key or "\x00" in key:
@@ -639,6 +649,10 @@ class S3Storage(Storage):
             if code in ("ConditionalRequestConflict", "409"):
                 raise PreconditionFailed(f"{key}: concurrent conditional write") from None
             raise StorageUnavailableError(f"{self.display_url}: {code or ''} {exc}") from None
+        except (ValueError, TypeError) as exc:
+            # botocore refuses a malformed endpoint or an unknown option only at the first call
+            raise ConfigError(f"{self.display_url}: bad S3 settings: {_scrub(str(exc), self.options)}"
+                              ) from None
         except Exception as exc:  # botocore connection errors and the like
             name = type(exc).__name__
             if "Connect" in name or "Endpoint" in name or "Credentials" in name or "Timeout" in name:

@@ -57,3 +57,10 @@ class TestS3(StorageConformance):
     def test_invalid_bucket_name_is_config_error(self) -> None:
         with pytest.raises(ConfigError, match="not a valid S3 bucket name"):
             open_storage("s3://A_B/p")
+
+
+def test_malformed_endpoint_is_config_error_without_secret() -> None:
+    opts = {"key": "AKIAFAKE", "secret": "hush-hush-secret", "client_kwargs": {"endpoint_url": "not a url"}}
+    with pytest.raises((ConfigError, StorageUnavailableError)) as ei:
+        open_storage("s3://some-bucket/p", opts).put("k", b"1")
+    assert "hush-hush-secret" not in str(ei.value) and "s3://some-bucket/p" in str(ei.value)
