@@ -534,21 +534,8 @@ class CheckpointStore:
         """
         if steps is None:
             return self.save_run(run)
-        run_id = run.run_id
-        with self._lock(run_id):
-            head = self._head(run_id)
-            changes = Changes()
-            run_json = run.model_dump_json(exclude={"steps"}).encode()
-            if run_json != head.run_json:
-                changes.run = run_json
-            objs = [run.steps[s] if isinstance(s, str) else s for s in steps]
-            undo: dict[str, bytes | None] = {}
-            try:
-                changed = self._step_changes(head, objs, changes, undo)
-                return self._commit(run_id, changes, run=run, changed_steps=changed)
-            except BaseException:
-                self._rollback(head, undo)
-                raise
+        return self._commit_steps(run.run_id, run,
+                                  [run.steps[s] if isinstance(s, str) else s for s in steps])
 
     def save_run(self, run: AgentRun) -> int:
         """Save or update the full run state (seed API). Returns the committed version.
@@ -558,38 +545,38 @@ class CheckpointStore:
         on hot paths where the changed steps are known.
         """
         run.updated_at = time.time()
-        run_id = run.run_id
+        return self._commit_steps(run.run_id, run, run.steps.values(), full=True)
+
+    def save_step_checkpoint(self, run_id: str, step: Step) -> int:
+        """Checkpoint one step's state as the run's next version (seed API)."""
+        validate_id(run_id, "run id")
+        return self._commit_steps(run_id, None, [step])
+
+    def _commit_steps(self, run_id: str, run: AgentRun | None, steps: Iterable[Step],
+                      full: bool = False) -> int:
+        """Diff `steps` (and the run-level fields, with a run) against the head and commit.
+
+        With `full`, steps missing from `run` are recorded as removed. On any failure the
+        head's comparison bytes are restored, so a retry diffs against what is really stored.
+        """
         with self._lock(run_id):
             head = self._head(run_id)
+            if run is None and head.version == 0:
+                raise KeyError(f"run {run_id!r} has no saved state; save_run it first")
             changes = Changes()
-            run_json = run.model_dump_json(exclude={"steps"}).encode()
-            if run_json != head.run_json:
-                changes.run = run_json
-            removed = [sid for sid in head.steps_cmp if sid not in run.steps]
+            if run is not None:
+                run_json = run.model_dump_json(exclude={"steps"}).encode()
+                if run_json != head.run_json:
+                    changes.run = run_json
+            removed = [sid for sid in head.steps_cmp if sid not in run.steps] if full and run else []
             undo: dict[str, bytes | None] = {}
             try:
-                changed = self._step_changes(head, run.steps.values(), changes, undo)
+                changed = self._step_changes(head, steps, changes, undo)
                 for sid in removed:
                     changes.steps[sid] = None
                     undo.setdefault(sid, head.steps_cmp.pop(sid, None))
                 return self._commit(run_id, changes, run=run, changed_steps=changed,
                                     removed=removed)
-            except BaseException:
-                self._rollback(head, undo)
-                raise
-
-    def save_step_checkpoint(self, run_id: str, step: Step) -> int:
-        """Checkpoint one step's state as the run's next version (seed API)."""
-        validate_id(run_id, "run id")
-        with self._lock(run_id):
-            head = self._head(run_id)
-            if head.version == 0:
-                raise KeyError(f"run {run_id!r} has no saved state; save_run it first")
-            changes = Changes()
-            undo: dict[str, bytes | None] = {}
-            try:
-                changed = self._step_changes(head, [step], changes, undo)
-                return self._commit(run_id, changes, run=None, changed_steps=changed)
             except BaseException:
                 self._rollback(head, undo)
                 raise
