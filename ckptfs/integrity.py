@@ -44,7 +44,7 @@ from ckptfs.errors import (
 )
 from ckptfs.layout import RUNS, RunFile, artifact_key, log_key, parse_artifact_key, parse_run_key
 from ckptfs.models import AgentRun, ArtifactRef, Step, ToolCall, graph_problems, validate_id
-from ckptfs.storage import TEMP_MARKER, Storage, open_storage, redact_options
+from ckptfs.storage import TEMP_MARKER, Storage, open_storage, scrub_secrets
 from ckptfs.store import REFS_FIELD
 
 logger = logging.getLogger(__name__)
@@ -146,26 +146,6 @@ def open_readonly_target(target: str | Storage, storage_options: Mapping[str, An
     return open_storage(target, storage_options)
 
 
-def scrub(message: str, options: Mapping[str, Any] | None) -> str:
-    """Replace any secret option value that leaked into an error message with '***'."""
-    if not options:
-        return message
-    secrets: list[str] = []
-
-    def walk(orig: Mapping[str, Any], red: Mapping[str, Any]) -> None:
-        for k, v in orig.items():
-            r = red.get(k)
-            if isinstance(v, Mapping) and isinstance(r, Mapping):
-                walk(v, r)
-            elif r == "***" and v not in (None, ""):
-                secrets.append(str(v))
-
-    walk(options, redact_options(options))
-    for s in sorted(secrets, key=len, reverse=True):
-        message = message.replace(s, "***")
-    return message
-
-
 def list_keys(storage: Storage, prefix: str) -> list[str]:
     """List once, turning any failure to reach the store into StorageUnavailableError."""
     try:
@@ -173,7 +153,7 @@ def list_keys(storage: Storage, prefix: str) -> list[str]:
     except (StorageUnavailableError, ConfigError):
         raise
     except Exception as exc:  # botocore/s3fs raise many types for a bad endpoint
-        msg = scrub(f"{storage.display_url}: cannot list the store: {type(exc).__name__}: {exc}",
+        msg = scrub_secrets(f"{storage.display_url}: cannot list the store: {type(exc).__name__}: {exc}",
                     storage.options)
         raise StorageUnavailableError(msg) from None
 
@@ -314,8 +294,8 @@ class _Checker:
                                  "listed, then gone before it was read (concurrent retention?)"))
             return res
         except Exception as exc:  # keep going: one unreadable file is one finding
-            res.problems.append(("error", "unreadable",
-                                 scrub(f"cannot read: {type(exc).__name__}: {exc}", self.storage.options)))
+            msg = scrub_secrets(f"cannot read: {type(exc).__name__}: {exc}", self.storage.options)
+            res.problems.append(("error", "unreadable", msg))
             return res
         res.size = len(data)
         try:
@@ -372,7 +352,7 @@ class _Checker:
         except FileNotFoundError:
             return key, n, "vanished"
         except Exception as exc:
-            return key, n, scrub(f"cannot read: {type(exc).__name__}: {exc}", self.storage.options)
+            return key, n, scrub_secrets(f"cannot read: {type(exc).__name__}: {exc}", self.storage.options)
         if h.hexdigest() != sha:
             return key, n, f"content sha256 is {h.hexdigest()}, not the {sha} it is named by"
         if expected_size is not None and n != expected_size:

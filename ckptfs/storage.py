@@ -83,13 +83,17 @@ def redact_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _scrub(text: str, options: Mapping[str, Any]) -> str:
-    """Remove every secret option value from a message that a library built around them."""
-    for k, v in options.items():
+def scrub_secrets(text: str, options: Mapping[str, Any] | None) -> str:
+    """Remove every secret option value (as redact_options sees them) from a message.
+
+    Libraries build error messages around the values they were given; this is the last
+    line of defence before such a message reaches a log line or the terminal.
+    """
+    for k, v in (options or {}).items():
         if isinstance(v, Mapping):
-            text = _scrub(text, v)
-        elif _SECRET_KEY.search(str(k)) and isinstance(v, str) and v:
-            text = text.replace(v, "***")
+            text = scrub_secrets(text, v)
+        elif _SECRET_KEY.search(str(k)) and v not in (None, ""):
+            text = text.replace(str(v), "***")
     return text
 
 
@@ -651,7 +655,7 @@ class S3Storage(Storage):
             raise StorageUnavailableError(f"{self.display_url}: {code or ''} {exc}") from None
         except (ValueError, TypeError) as exc:
             # botocore refuses a malformed endpoint or an unknown option only at the first call
-            raise ConfigError(f"{self.display_url}: bad S3 settings: {_scrub(str(exc), self.options)}"
+            raise ConfigError(f"{self.display_url}: bad S3 settings: {scrub_secrets(str(exc), self.options)}"
                               ) from None
         except Exception as exc:  # botocore connection errors and the like
             name = type(exc).__name__
