@@ -1,0 +1,747 @@
+"""CheckpointedAgent: runs a step graph through a CheckpointStore so that a crash costs one step.
+
+The seed's API and meaning (`start_run`, `resume_run`, `execute_run(run, executor)`,
+`record_tool_call`, `pause_run`), made cheap and safe for long runs:
+
+* one `store.commit(run, [changed steps])` per checkpoint, never a rewrite of the run; the
+  ready queue is kept with dependency counts, so a step costs O(its edges), not O(run);
+* the RUNNING mark of an attempt is lazy: it is committed only when the step makes its
+  first real tool call (or when the policy asks for durable attempts). A crash before that
+  replays the step with the attempt count it had, which is all a RUNNING mark would say;
+  a failed attempt is always committed, so retry budgets and errors survive a crash;
+* retries follow a `RetryPolicy` (backoff with jitter, a 429's `retry_after`); exhausting
+  them stops the run with `RetriesExhaustedError` and the checkpoint intact; a step whose
+  dependency failed is SKIPPED with the reason, never left PENDING;
+* `aexecute_run` is the async twin: independent ready steps run concurrently up to a limit,
+  store writes run in one worker thread, in order, shielded from cancellation.
+
+Progress goes to `logging` and to an optional callback, never to stdout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import heapq
+import inspect
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptfs.errors import CkptfsError
+from ckptfs.models import AgentRun, Step, StepStatus, ToolCall
+from ckptfs.policy import CheckpointPolicy, RetryPolicy
+from ckptfs.resume import (
+    SKIP_REASON,
+    STRATEGIES,
+    TOOL_LOG_START,
+    build_brief,
+    context_run,
+    dependants_index,
+    invalidate,
+    requeue_interrupted,
+    reset_failed,
+)
+from ckptfs.store import CheckpointStore
+from ckptfs.tools import IdempotentToolRunner, ToolLogState, UnconfirmedActionError
+
+logger = logging.getLogger(__name__)
+
+_current_step: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
+    "ckptfs_current_step", default=None)
+
+
+@dataclass
+class StepResult:
+    """What an executor may return instead of a plain string, to report what the step cost."""
+
+    result: str
+    tokens: int = 0
+    cost_usd: float = 0.0
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """One thing that happened in a run, for a progress callback (a bar, a metrics counter)."""
+
+    kind: str  # run_started, step_started, step_completed, step_retry, step_failed, step_skipped,
+    #            checkpoint, run_paused, run_stopped, run_finished
+    run_id: str
+    step_id: str | None
+    completed: int
+    total: int
+    attempt: int = 0
+    message: str = ""
+    delay: float | None = None
+
+
+ProgressCallback = Callable[[ProgressEvent], None]
+Executor = Callable[[Step, list[ToolCall]], Any]
+AsyncExecutor = Callable[[Step, list[ToolCall]], Awaitable[Any]]
+
+
+class RunStoppedError(CkptfsError):
+    """The run stopped at a step it could not get past; its checkpoint is intact for a resume."""
+
+    def __init__(self, run_id: str, step_id: str, attempts: int, cause: BaseException,
+                 why: str = "") -> None:
+        self.run_id = run_id
+        self.step_id = step_id
+        self.attempts = attempts
+        self.cause = cause
+        why = why or f"failed {attempts} time(s), last with {type(cause).__name__}: {cause}"
+        super().__init__(
+            f"run {run_id!r}: step {step_id!r} {why}. The run is stopped with its checkpoint "
+            f"intact; resume_run({run_id!r}) continues at this step")
+
+
+class RetriesExhaustedError(RunStoppedError):
+    """A step failed on every attempt this process had (RetryPolicy.on_exhausted="stop")."""
+
+
+@dataclass
+class _Execution:
+    """The in-memory schedule of one execute_run: ready queue, retry timers, uncommitted steps."""
+
+    run: AgentRun
+    policy: CheckpointPolicy
+    retry: RetryPolicy
+    callback: ProgressCallback | None
+    rng: random.Random
+    dependants: dict[str, list[str]] = field(default_factory=dict)
+    deps_left: dict[str, int] = field(default_factory=dict)
+    ready: deque[str] = field(default_factory=deque)
+    delayed: list[tuple[float, int, str]] = field(default_factory=list)
+    attempts: dict[str, int] = field(default_factory=dict)
+    dirty: dict[str, Step] = field(default_factory=dict)
+    finished_since_commit: int = 0
+    running: dict[str, Step] = field(default_factory=dict)
+    marked: set[str] = field(default_factory=set)
+    completed: int = 0
+    failed: int = 0
+    stop_error: RunStoppedError | None = None
+    pause_requested: bool = False
+    seq: int = 0
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_error is not None or self.pause_requested
+
+    def take(self, extra: list[Step] | None = None) -> list[Step]:
+        """Everything not yet committed (plus `extra`), to go into one commit."""
+        batch = list(self.dirty.values())
+        if extra:
+            batch += [s for s in extra if s.id not in self.dirty]
+        self.dirty = {}
+        self.finished_since_commit = 0
+        return batch
+
+    def next_ready(self) -> str | None:
+        if self.delayed and self.delayed[0][0] <= time.monotonic():
+            _, _, sid = heapq.heappop(self.delayed)
+            return sid
+        return self.ready.popleft() if self.ready else None
+
+    def next_delay(self) -> float | None:
+        if not self.delayed:
+            return None
+        return max(0.0, self.delayed[0][0] - time.monotonic())
+
+    def retry_later(self, sid: str, delay: float) -> None:
+        self.seq += 1
+        heapq.heappush(self.delayed, (time.monotonic() + delay, self.seq, sid))
+
+    def complete(self, sid: str) -> None:
+        steps = self.run.steps
+        for d in self.dependants.get(sid, ()):
+            left = self.deps_left.get(d)
+            if left is None:
+                continue
+            left -= 1
+            self.deps_left[d] = left
+            if left == 0 and steps[d].status == StepStatus.PENDING:
+                self.ready.append(d)
+
+    def skip_downstream(self, sid: str) -> list[Step]:
+        """Pending steps downstream of a failed one become SKIPPED, each naming the failed step."""
+        steps = self.run.steps
+        out: list[Step] = []
+        queue = deque([sid])
+        while queue:
+            cur = queue.popleft()
+            for d in self.dependants.get(cur, ()):
+                step = steps[d]
+                if step.status != StepStatus.PENDING:
+                    continue
+                reason = f"dependency {sid!r} failed" if cur == sid else \
+                    f"dependency {cur!r} was skipped (root cause: {sid!r} failed)"
+                step.status = StepStatus.SKIPPED
+                step.error = f"skipped: {reason}"
+                step.metadata[SKIP_REASON] = reason
+                step.completed_at = time.time()
+                self.deps_left.pop(d, None)
+                out.append(step)
+                queue.append(d)
+        return out
+
+
+def _unpack(out: Any) -> tuple[str, int, float]:
+    if isinstance(out, StepResult):
+        return out.result, int(out.tokens), float(out.cost_usd)
+    if isinstance(out, str):
+        return out, 0, 0.0
+    if out is None:
+        return "", 0, 0.0
+    return str(out), 0, 0.0
+
+
+class CheckpointedAgent:
+    """An agent that checkpoints its step graph as it goes and resumes from any saved state.
+
+    `CheckpointedAgent(store)` keeps the seed's behaviour (a checkpoint after every step);
+    `checkpoint_every_n_steps=N` (seed argument) or `policy=CheckpointPolicy...` change the
+    granularity; `retry=RetryPolicy(...)` the failure handling.
+    """
+
+    def __init__(
+        self,
+        checkpoint_store: CheckpointStore,
+        checkpoint_every_n_steps: int = 1,
+        *,
+        policy: CheckpointPolicy | None = None,
+        retry: RetryPolicy | None = None,
+        on_progress: ProgressCallback | None = None,
+    ) -> None:
+        if not isinstance(checkpoint_store, CheckpointStore):
+            raise TypeError("CheckpointedAgent takes a CheckpointStore (build it from the URL first)")
+        if policy is None:
+            policy = (CheckpointPolicy.every_step() if checkpoint_every_n_steps <= 1
+                      else CheckpointPolicy.every_n_steps(checkpoint_every_n_steps))
+        self.store = checkpoint_store
+        self.policy = policy
+        self.retry = retry or RetryPolicy()
+        self.on_progress = on_progress
+        self.checkpoint_every_n = policy.every_n
+        self._rng = random.Random(self.retry.seed)
+        self._active: dict[str, _Execution] = {}
+        self._known: set[str] = set()
+        self._tool_states: dict[tuple[str, str], ToolLogState] = {}
+        self._io_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._io_pending: set[concurrent.futures.Future[Any]] = set()
+
+    # ------------------------------------------------------------------------- seed API
+
+    def start_run(self, goal: str, steps: list[Step], *, run_id: str | None = None,
+                  metadata: dict[str, Any] | None = None) -> AgentRun:
+        """Create a run and save its first checkpoint (the graph is validated on the way)."""
+        run = AgentRun(goal=goal) if run_id is None else AgentRun(run_id=run_id, goal=goal)
+        if metadata:
+            run.metadata.update(metadata)
+        for step in steps:
+            if step.id in run.steps:
+                raise ValueError(f"start_run: step id {step.id!r} appears twice")
+            run.add_step(step)
+        self.store.save_run(run)
+        self._known.add(run.run_id)
+        logger.info("started run %s with %d steps: %s", run.run_id, len(steps), goal[:80])
+        return run
+
+    def resume_run(self, run_id: str, strategy: str = "exact", *,
+                   validator: Callable[[Step], bool] | None = None, retry_failed: bool = False,
+                   new_run_id: str | None = None) -> AgentRun | None:
+        """Load a run to continue it; None if it was never saved (seed behaviour).
+
+        strategy "exact": steps caught RUNNING go back to the queue, attempt counts kept.
+        "fuzzy": also re-check completed steps with `validator(step) -> bool`; rejected ones
+            and everything downstream go back to PENDING (their old tool results fenced off).
+        "context": a new run whose goal is a brief of this one (done work as given facts,
+            what remains) and whose steps are what remains; this run becomes "superseded".
+            The brief is also in `new_run.metadata["resume_brief"]` (see `ResumeBrief`).
+        retry_failed: FAILED and SKIPPED steps are tried again (exact and fuzzy).
+        """
+        if strategy not in STRATEGIES:
+            raise ValueError(f"resume_run: strategy must be one of {STRATEGIES}, got {strategy!r}")
+        if strategy == "fuzzy" and validator is None:
+            raise ValueError("resume_run(strategy='fuzzy') needs validator=callable(step) -> bool")
+        run = self.store.load_run(run_id)
+        if run is None:
+            logger.warning("no run found with id %s", run_id)
+            return None
+        if run.status == "superseded":
+            raise ValueError(f"run {run_id!r} was superseded by run "
+                             f"{run.metadata.get('superseded_by')!r}; resume that one")
+        self._known.add(run_id)
+        if strategy == "context":
+            new = context_run(run, build_brief(run), new_run_id)
+            self.store.save_run(new)  # the new run first, so the old one never links to nothing
+            self.store.commit(run, [])
+            self._known.add(new.run_id)
+            logger.info("run %s superseded by %s (context restart: %d done, %d remaining)",
+                        run_id, new.run_id, run.completed_count, len(new.steps))
+            return new
+
+        def log_len(sid: str) -> int:
+            return len(self.store.get_tool_call_history(run_id, sid))
+
+        changed = {s.id: s for s in requeue_interrupted(run)}
+        if retry_failed:
+            changed.update((s.id, s) for s in reset_failed(run, log_len))
+        if strategy == "fuzzy" and validator is not None:
+            changed.update((s.id, s) for s in invalidate(run, validator, log_len))
+        for sid in changed:
+            self._tool_states.pop((run_id, sid), None)
+        if changed:
+            self.store.commit(run, list(changed.values()))
+        logger.info("resuming run %s (%s): %d/%d steps completed, %d put back in the queue",
+                    run_id, strategy, run.completed_count, len(run.steps), len(changed))
+        return run
+
+    def record_tool_call(self, run_id: str, step_id: str, tool_call: ToolCall) -> None:
+        """Log a tool call durably, for audit and for the idempotency cache (seed API)."""
+        self.store.log_tool_call(run_id, step_id, tool_call)
+        state = self._tool_states.get((run_id, step_id))
+        if state is not None:
+            state.add(tool_call)
+
+    def pause_run(self, run: AgentRun) -> None:
+        """Pause a run: during execution, after the steps in flight; otherwise at once."""
+        ex = self._active.get(run.run_id)
+        if ex is not None and ex.run is run:
+            ex.pause_requested = True
+            logger.info("run %s: pause requested; stopping after the steps in flight", run.run_id)
+            return
+        run.status = "paused"
+        run.updated_at = time.time()
+        self._save(run, [])
+        logger.info("run %s paused; resume with agent.resume_run(%r)", run.run_id, run.run_id)
+
+    def tools(self) -> IdempotentToolRunner:
+        """A tool runner for the step the calling executor is running (sync or async)."""
+        cur = _current_step.get()
+        if cur is None:
+            raise RuntimeError("agent.tools() is only available inside an executor; outside, use "
+                               "IdempotentToolRunner(agent, run_id, step_id)")
+        return IdempotentToolRunner(self, cur[0], cur[1])
+
+    # ------------------------------------------------------------------ execution (sync)
+
+    def execute_run(self, run: AgentRun, executor: Executor, *,
+                    on_progress: ProgressCallback | None = None) -> AgentRun:
+        """Run every runnable step, checkpointing per policy; return the run when nothing is left.
+
+        `executor(step, prior_calls) -> str | StepResult`. Raises RetriesExhaustedError when a
+        step keeps failing (policy "stop") and RunStoppedError when an irreversible call's
+        outcome is unknown, both after committing; a pause returns early.
+        """
+        ex = self._begin(run, on_progress)
+        try:
+            while not ex.stopping:
+                sid = ex.next_ready()
+                if sid is None:
+                    wait = ex.next_delay()
+                    if wait is None:
+                        break
+                    time.sleep(wait)
+                    continue
+                self._run_step(ex, run.steps[sid], executor)
+        except BaseException:
+            self._flush_after_crash(ex)
+            raise
+        finally:
+            self._active.pop(run.run_id, None)
+        plan = self._finish(ex)
+        self._commit(ex, plan)
+        self._after_finish(ex)
+        return run
+
+    def _run_step(self, ex: _Execution, step: Step, executor: Executor) -> None:
+        plan = self._start_attempt(ex, step)
+        if plan:
+            self._commit(ex, plan)
+        if step.status != StepStatus.RUNNING:  # gave up before starting (max_total_attempts)
+            return
+        prior = self._prior_calls(ex.run.run_id, step)
+        tokens0, cost0 = step.tokens, step.cost_usd
+        token = _current_step.set((ex.run.run_id, step.id))
+        try:
+            out = executor(step, prior)
+        except Exception as exc:
+            plan = self._after_failure(ex, step, exc, tokens0, cost0)
+        else:
+            plan = self._after_success(ex, step, out, tokens0, cost0)
+        finally:
+            _current_step.reset(token)
+        if plan:
+            self._commit(ex, plan)
+
+    # ----------------------------------------------------------------- execution (async)
+
+    async def aexecute_run(self, run: AgentRun, executor: AsyncExecutor, *, concurrency: int = 4,
+                           on_progress: ProgressCallback | None = None) -> AgentRun:
+        """`execute_run` for an async executor; up to `concurrency` ready steps run at once.
+
+        Store writes go to a worker thread one at a time, in the order they were decided, so
+        a step's completion is never durable before the completions it depended on.
+        """
+        if concurrency < 1:
+            raise ValueError(f"aexecute_run: concurrency must be >= 1, got {concurrency}")
+        ex = self._begin(run, on_progress, defer_commit=True)
+        tasks: dict[asyncio.Task[None], str] = {}
+        try:
+            await self._acommit(ex, ex.take())
+            while True:
+                while not ex.stopping and len(tasks) < concurrency:
+                    sid = ex.next_ready()
+                    if sid is None:
+                        break
+                    tasks[asyncio.ensure_future(self._arun_step(ex, run.steps[sid], executor))] = sid
+                if not tasks:
+                    wait = None if ex.stopping else ex.next_delay()
+                    if wait is None:
+                        break
+                    await asyncio.sleep(wait)
+                    continue
+                timeout = None if ex.stopping else ex.next_delay()
+                done, _ = await asyncio.wait(tasks, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    tasks.pop(t)
+                    t.result()
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._drain_io()
+            self._flush_after_crash(ex)
+            raise
+        finally:
+            self._active.pop(run.run_id, None)
+        plan = self._finish(ex)
+        await self._acommit(ex, plan)
+        self._after_finish(ex)
+        return run
+
+    async def _arun_step(self, ex: _Execution, step: Step, executor: AsyncExecutor) -> None:
+        plan = self._start_attempt(ex, step)
+        if plan:
+            await self._acommit(ex, plan)
+        if step.status != StepStatus.RUNNING:
+            return
+        prior = self._prior_calls(ex.run.run_id, step)
+        tokens0, cost0 = step.tokens, step.cost_usd
+        _current_step.set((ex.run.run_id, step.id))  # this task's own context copy
+        try:
+            out: Any = executor(step, prior)
+            if inspect.isawaitable(out):
+                out = await out
+        except Exception as exc:
+            plan = self._after_failure(ex, step, exc, tokens0, cost0)
+        else:
+            plan = self._after_success(ex, step, out, tokens0, cost0)
+        if plan:
+            await self._acommit(ex, plan)
+
+    # ------------------------------------------------------------------ shared machinery
+
+    def _begin(self, run: AgentRun, on_progress: ProgressCallback | None,
+               defer_commit: bool = False) -> _Execution:
+        if run.run_id in self._active:
+            raise RuntimeError(f"run {run.run_id!r} is already executing in this agent")
+        if run.status == "superseded":
+            raise ValueError(f"run {run.run_id!r} was superseded by "
+                             f"{run.metadata.get('superseded_by')!r}; execute that one")
+        if run.run_id not in self._known:
+            self.store.save_run(run)  # a run this agent never saw: make all of it durable once
+            self._known.add(run.run_id)
+        ex = _Execution(run, self.policy, self.retry, on_progress or self.on_progress, self._rng)
+        for step in requeue_interrupted(run):
+            ex.dirty[step.id] = step
+        steps = run.steps
+        ex.dependants = dependants_index(steps)
+        roots = [sid for sid, s in steps.items()
+                 if s.status in (StepStatus.FAILED, StepStatus.SKIPPED)]
+        for sid in roots:
+            for s in ex.skip_downstream(sid):
+                ex.dirty[s.id] = s
+        for sid, s in steps.items():
+            if s.status == StepStatus.COMPLETED:
+                ex.completed += 1
+            elif s.status == StepStatus.FAILED:
+                ex.failed += 1
+            elif s.status == StepStatus.PENDING:
+                left = sum(1 for d in s.dependencies if steps[d].status != StepStatus.COMPLETED)
+                ex.deps_left[sid] = left
+                if left == 0:
+                    ex.ready.append(sid)
+        if run.status != "running" or "stopped" in run.metadata:
+            run.status = "running"
+            run.metadata.pop("stopped", None)
+            run.updated_at = time.time()
+        self._active[run.run_id] = ex
+        logger.info("executing run %s: %d/%d steps completed, %d ready, checkpoint %s",
+                    run.run_id, ex.completed, len(steps), len(ex.ready), self.policy.describe())
+        self._emit(ex, "run_started", None)
+        if not defer_commit:
+            try:
+                self._commit(ex, ex.take())
+            except BaseException:
+                self._active.pop(run.run_id, None)
+                raise
+        return ex
+
+    def _start_attempt(self, ex: _Execution, step: Step) -> list[Step] | None:
+        limit = ex.retry.max_total_attempts
+        if limit is not None and step.attempt_count >= limit:
+            step.error = f"gave up after {step.attempt_count} attempts across restarts"
+            return self._fail(ex, step, step.error)
+        # Assignments are validated (Step has validate_assignment): skip the no-op ones.
+        step.status = StepStatus.RUNNING
+        step.attempt_count += 1
+        step.started_at = time.time()
+        if step.completed_at is not None:
+            step.completed_at = None
+        ex.attempts[step.id] = ex.attempts.get(step.id, 0) + 1
+        ex.running[step.id] = step
+        if ex.callback is not None:
+            self._emit(ex, "step_started", step)
+        if ex.policy.commits_attempt_start:
+            ex.marked.add(step.id)
+            return [step]
+        return None
+
+    def _account(self, ex: _Execution, step: Step, tokens0: int, cost0: float) -> None:
+        dt, dc = step.tokens - tokens0, step.cost_usd - cost0
+        if dt:
+            ex.run.total_tokens += dt
+        if dc:
+            ex.run.total_cost_usd += dc
+
+    def _end_attempt(self, ex: _Execution, step: Step) -> None:
+        ex.running.pop(step.id, None)
+        ex.marked.discard(step.id)
+        self._tool_states.pop((ex.run.run_id, step.id), None)
+
+    def _after_success(self, ex: _Execution, step: Step, out: Any, tokens0: int,
+                       cost0: float) -> list[Step] | None:
+        result, tokens, cost = _unpack(out)
+        step.result = result
+        if tokens:
+            step.tokens += tokens
+        if cost:
+            step.cost_usd += cost
+        step.status = StepStatus.COMPLETED
+        step.completed_at = time.time()
+        if step.error is not None:
+            step.error = None
+        self._account(ex, step, tokens0, cost0)
+        self._end_attempt(ex, step)
+        ex.completed += 1
+        ex.dirty[step.id] = step
+        ex.finished_since_commit += 1
+        ex.complete(step.id)
+        if ex.callback is not None:
+            self._emit(ex, "step_completed", step)
+        logger.debug("run %s: step %s completed (attempt %d)", ex.run.run_id, step.id, step.attempt_count)
+        if ex.policy.due_after_step(step, ex.finished_since_commit):
+            return ex.take()
+        return None
+
+    def _after_failure(self, ex: _Execution, step: Step, exc: Exception, tokens0: int,
+                       cost0: float) -> list[Step]:
+        self._account(ex, step, tokens0, cost0)
+        self._end_attempt(ex, step)
+        step.error = f"{type(exc).__name__}: {exc}"
+        n = ex.attempts.get(step.id, 1)
+        if isinstance(exc, UnconfirmedActionError):  # retrying cannot help; failing would guess
+            return self._stop(ex, step, RunStoppedError(
+                ex.run.run_id, step.id, n, exc, f"cannot tell whether an irreversible call happened: {exc}"))
+        if not ex.retry.is_retryable(exc):
+            logger.warning("run %s: step %s failed permanently: %s", ex.run.run_id, step.id, step.error)
+            return self._fail(ex, step, step.error)
+        if n < ex.retry.max_attempts:
+            delay = ex.retry.delay(n, exc, ex.rng)
+            step.status = StepStatus.PENDING
+            step.started_at = None
+            ex.retry_later(step.id, delay)
+            logger.warning("run %s: step %s attempt %d failed (%s); retrying in %.2fs",
+                           ex.run.run_id, step.id, step.attempt_count, step.error, delay)
+            self._emit(ex, "step_retry", step, step.error, delay)
+            return ex.take([step])
+        if ex.retry.on_exhausted == "fail":
+            logger.warning("run %s: step %s failed %d times: %s", ex.run.run_id, step.id, n, step.error)
+            return self._fail(ex, step, step.error)
+        return self._stop(ex, step, RetriesExhaustedError(ex.run.run_id, step.id, n, exc))
+
+    def _stop(self, ex: _Execution, step: Step, error: RunStoppedError) -> list[Step]:
+        step.status = StepStatus.PENDING
+        step.started_at = None
+        ex.run.status = "failed"
+        ex.run.updated_at = time.time()
+        ex.run.metadata["stopped"] = {"step_id": step.id, "error": step.error,
+                                      "attempts": error.attempts, "at": ex.run.updated_at}
+        ex.stop_error = error
+        logger.error("run %s: stopping at step %s (%s); checkpoint kept for resume",
+                     ex.run.run_id, step.id, step.error)
+        self._emit(ex, "run_stopped", step, step.error or "")
+        return ex.take([step])
+
+    def _fail(self, ex: _Execution, step: Step, error: str) -> list[Step]:
+        self._end_attempt(ex, step)
+        step.status = StepStatus.FAILED
+        step.error = error
+        step.completed_at = time.time()
+        ex.failed += 1
+        ex.dirty[step.id] = step
+        skipped = ex.skip_downstream(step.id)
+        for s in skipped:
+            ex.dirty[s.id] = s
+            if ex.callback is not None:
+                self._emit(ex, "step_skipped", s, s.error or "")
+        self._emit(ex, "step_failed", step, error)
+        if skipped:
+            logger.warning("run %s: %d step(s) skipped because %s failed", ex.run.run_id,
+                           len(skipped), step.id)
+        return ex.take()
+
+    def _finish(self, ex: _Execution) -> list[Step]:
+        run = ex.run
+        if ex.stop_error is None:
+            if ex.pause_requested:
+                run.status = "paused"
+            elif run.is_complete():
+                run.status = "completed" if ex.failed == 0 else "completed_with_errors"
+            else:  # only reachable if the graph changed under us
+                run.status = "failed"
+                logger.error("run %s: no runnable step left but the run is not complete", run.run_id)
+            run.updated_at = time.time()
+        return ex.take()
+
+    def _after_finish(self, ex: _Execution) -> None:
+        run = ex.run
+        if ex.stop_error is not None:
+            raise ex.stop_error
+        kind = "run_paused" if run.status == "paused" else "run_finished"
+        logger.info("run %s %s: %d/%d steps completed, %d failed, %d tokens", run.run_id, run.status,
+                    ex.completed, len(run.steps), ex.failed, run.total_tokens)
+        self._emit(ex, kind, None, run.status)
+
+    def _flush_after_crash(self, ex: _Execution) -> None:
+        """On an interrupt (KeyboardInterrupt, cancellation): keep the finished work, best effort."""
+        batch = ex.take()
+        if not batch:
+            return
+        try:
+            self.store.commit(ex.run, batch)
+        except Exception:
+            logger.exception("run %s: could not save %d finished steps while stopping", ex.run.run_id,
+                             len(batch))
+
+    def _commit(self, ex: _Execution, steps: list[Step]) -> None:
+        try:
+            self.store.commit(ex.run, steps)
+        except BaseException:
+            for s in steps:
+                ex.dirty.setdefault(s.id, s)
+            raise
+        if ex.callback is not None and steps:
+            self._emit(ex, "checkpoint", None, f"{len(steps)} step(s)")
+
+    async def _acommit(self, ex: _Execution, steps: list[Step]) -> None:
+        try:
+            await self._io(self.store.commit, ex.run, steps)
+        except Exception:
+            for s in steps:
+                ex.dirty.setdefault(s.id, s)
+            raise
+        if ex.callback is not None and steps:
+            self._emit(ex, "checkpoint", None, f"{len(steps)} step(s)")
+
+    def _save(self, run: AgentRun, steps: list[Step]) -> None:
+        if run.run_id in self._known:
+            self.store.commit(run, steps)
+        else:
+            self.store.save_run(run)
+            self._known.add(run.run_id)
+
+    def _emit(self, ex: _Execution, kind: str, step: Step | None, message: str = "",
+              delay: float | None = None) -> None:
+        if ex.callback is None:
+            return
+        event = ProgressEvent(kind, ex.run.run_id, step.id if step else None, ex.completed,
+                              len(ex.run.steps), step.attempt_count if step else 0, message, delay)
+        try:
+            ex.callback(event)
+        except Exception:
+            logger.exception("progress callback failed on %s; ignoring", kind)
+
+    # ------------------------------------------------------------------ async store writes
+
+    async def _io(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a store write off the event loop, in order, and let nothing cancel it midway.
+
+        One worker thread means writes become durable in the order they were decided (a
+        step's completion never lands before those it depended on). The write is shielded:
+        cancelling the awaiting task (Ctrl-C, a sibling's crash) must not drop a tool result
+        that was already paid for, or the call would be repeated on replay.
+        """
+        if self._io_pool is None:
+            self._io_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ckptfs-agent-io")
+        fut = self._io_pool.submit(fn, *args)
+        self._io_pending.add(fut)
+        fut.add_done_callback(self._io_pending.discard)
+        return await asyncio.shield(asyncio.wrap_future(fut))
+
+    def _drain_io(self, timeout: float = 60.0) -> None:
+        """Wait for writes already handed to the worker thread (on the way out of a crash)."""
+        if self._io_pending:
+            concurrent.futures.wait(list(self._io_pending), timeout=timeout)
+
+    # ------------------------------------------------------------------ tool-call support
+
+    def _prior_calls(self, run_id: str, step: Step) -> list[ToolCall]:
+        calls = self.store.get_tool_call_history(run_id, step.id)
+        start = step.metadata.get(TOOL_LOG_START, 0) if step.metadata else 0
+        return calls[start:] if start else calls
+
+    def _tool_state(self, run_id: str, step_id: str) -> ToolLogState:
+        key = (run_id, step_id)
+        state = self._tool_states.get(key)
+        if state is None:
+            state = ToolLogState()
+            ex = self._active.get(run_id)
+            step = ex.run.steps.get(step_id) if ex is not None else None
+            calls = self.store.get_tool_call_history(run_id, step_id)
+            start = step.metadata.get(TOOL_LOG_START, 0) if step is not None else 0
+            for call in calls[start:]:
+                state.add(call)
+            self._tool_states[key] = state
+        return state
+
+    def _tool_plan(self, run_id: str, step_id: str, when: str, force: bool) -> tuple[_Execution,
+                                                                                      list[Step]] | None:
+        ex = self._active.get(run_id)
+        step = ex.running.get(step_id) if ex is not None else None
+        if ex is None or step is None:
+            return None
+        if when == "start":
+            if step_id in ex.marked:
+                return None
+            ex.marked.add(step_id)
+            return ex, [step]  # the lazy RUNNING mark: attempt count durable before a real call
+        if force or ex.policy.granularity == "tool_call":
+            return ex, ex.take([step])
+        return None
+
+    def _tool_checkpoint(self, run_id: str, step_id: str, when: str, force: bool) -> None:
+        plan = self._tool_plan(run_id, step_id, when, force)
+        if plan is not None:
+            self._commit(*plan)
+
+    async def _atool_checkpoint(self, run_id: str, step_id: str, when: str, force: bool) -> None:
+        plan = self._tool_plan(run_id, step_id, when, force)
+        if plan is not None:
+            await self._acommit(*plan)

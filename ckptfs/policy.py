@@ -1,0 +1,162 @@
+"""When the agent runtime checkpoints and how it retries: two small frozen policies.
+
+Kept apart from the executor so that a policy can be built from configuration, printed,
+compared and tested without running anything. `CheckpointPolicy` says which finished
+steps force a commit; `RetryPolicy` says whether a failed attempt is tried again and after
+how long (exponential backoff with jitter, or the `retry_after` a rate-limit error carries).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Literal
+
+from ckptfs.models import Step
+
+Granularity = Literal["tool_call", "step", "every_n", "milestone"]
+_GRANULARITIES = ("tool_call", "step", "every_n", "milestone")
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    """Which moments make the run's state durable.
+
+    granularity:
+        "tool_call": the running step (its attempt count, anything the executor put in its
+            metadata) and every finished step are committed after each tool call and when
+            each attempt starts; never redo more than one tool call.
+        "step" (default): one commit per finished step.
+        "every_n": one commit per `every_n` finished steps.
+        "milestone": one commit when a step with `milestone=True` finishes.
+    durable_attempts: also commit the RUNNING mark when each attempt starts, so that a step
+        that kills its process (OOM) is counted and `RetryPolicy.max_total_attempts` can stop
+        a crash loop. Off by default: it doubles the commits of a tool-less step.
+
+    Whatever the granularity, tool results are durable before they are returned (that is
+    what makes replay safe), failures and the end of a run are always committed, and a tool
+    can ask for an immediate checkpoint (`IdempotentToolRunner.run(..., checkpoint=True)`).
+    """
+
+    granularity: Granularity = "step"
+    every_n: int = 1
+    durable_attempts: bool = False
+
+    def __post_init__(self) -> None:
+        if self.granularity not in _GRANULARITIES:
+            raise ValueError(f"CheckpointPolicy: granularity must be one of {_GRANULARITIES}, "
+                             f"got {self.granularity!r}")
+        if self.every_n < 1:
+            raise ValueError(f"CheckpointPolicy: every_n must be >= 1, got {self.every_n}")
+
+    @classmethod
+    def every_tool_call(cls) -> CheckpointPolicy:
+        return cls("tool_call", 1, durable_attempts=True)
+
+    @classmethod
+    def every_step(cls) -> CheckpointPolicy:
+        return cls("step")
+
+    @classmethod
+    def every_n_steps(cls, n: int) -> CheckpointPolicy:
+        return cls("every_n", n)
+
+    @classmethod
+    def at_milestones(cls) -> CheckpointPolicy:
+        return cls("milestone")
+
+    @property
+    def commits_attempt_start(self) -> bool:
+        return self.durable_attempts or self.granularity == "tool_call"
+
+    def due_after_step(self, step: Step, finished_since_commit: int) -> bool:
+        """Whether finishing `step` (the n-th finished since the last commit) needs a commit."""
+        g = self.granularity
+        if g in ("step", "tool_call"):
+            return True
+        if g == "every_n":
+            return finished_since_commit >= self.every_n
+        return step.milestone
+
+    def describe(self) -> str:
+        if self.granularity == "every_n":
+            return f"every {self.every_n} steps"
+        return {"tool_call": "every tool call", "step": "every step",
+                "milestone": "at milestones"}[self.granularity]
+
+
+def retry_after_of(exc: BaseException) -> float | None:
+    """The delay an error asks for (a 429's Retry-After), in seconds, if it carries one."""
+    value = getattr(exc, "retry_after", None)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if not math.isfinite(value) or value < 0:
+        return None
+    return float(value)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Whether and when a failed step attempt is tried again.
+
+    max_attempts: attempts per step within one `execute_run` (a new process gets a fresh
+        budget: the rate limit that stopped yesterday's run has usually gone by now).
+    base_delay, multiplier, max_delay: exponential backoff, `base * multiplier**(n-1)`
+        capped at `max_delay`, for the n-th failed attempt.
+    jitter: fraction of the delay drawn at random and taken off (0.25: between 75% and
+        100% of it), so that many agents rate-limited together do not retry together.
+    max_retry_after: the longest `retry_after` honoured as given; longer requests are capped.
+    retry_on / give_up_on: which exceptions are retried; anything else (and anything in
+        give_up_on) fails the step at once.
+    on_exhausted: "stop" ends the run with `RetriesExhaustedError`, the step left PENDING
+        and the checkpoint intact so that the next process resumes there; "fail" marks the
+        step FAILED, skips its dependants and carries on with the rest of the graph.
+    max_total_attempts: a lifetime cap on `Step.attempt_count` across processes; reaching it
+        fails the step (meaningful with `CheckpointPolicy.durable_attempts`).
+    """
+
+    max_attempts: int = 3
+    base_delay: float = 0.5
+    multiplier: float = 2.0
+    max_delay: float = 30.0
+    jitter: float = 0.25
+    max_retry_after: float = 600.0
+    retry_on: tuple[type[BaseException], ...] = (Exception,)
+    give_up_on: tuple[type[BaseException], ...] = ()
+    on_exhausted: Literal["stop", "fail"] = "stop"
+    max_total_attempts: int | None = None
+    seed: int | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"RetryPolicy: max_attempts must be >= 1, got {self.max_attempts}")
+        if self.base_delay < 0 or self.max_delay < 0 or self.max_retry_after < 0:
+            raise ValueError("RetryPolicy: delays must be >= 0")
+        if self.multiplier < 1:
+            raise ValueError(f"RetryPolicy: multiplier must be >= 1, got {self.multiplier}")
+        if not 0 <= self.jitter <= 1:
+            raise ValueError(f"RetryPolicy: jitter must be within [0, 1], got {self.jitter}")
+        if self.on_exhausted not in ("stop", "fail"):
+            raise ValueError(f"RetryPolicy: on_exhausted must be 'stop' or 'fail', "
+                             f"got {self.on_exhausted!r}")
+        if self.max_total_attempts is not None and self.max_total_attempts < 1:
+            raise ValueError("RetryPolicy: max_total_attempts must be >= 1 or None")
+
+    @classmethod
+    def never(cls) -> RetryPolicy:
+        return cls(max_attempts=1)
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        return isinstance(exc, self.retry_on) and not isinstance(exc, self.give_up_on)
+
+    def delay(self, failed_attempts: int, exc: BaseException | None = None,
+              rng: random.Random | None = None) -> float:
+        """Seconds to wait before the next attempt, after `failed_attempts` failures."""
+        asked = retry_after_of(exc) if exc is not None else None
+        if asked is not None:
+            return min(asked, self.max_retry_after)
+        n = max(failed_attempts, 1)
+        raw = min(self.max_delay, self.base_delay * self.multiplier ** (n - 1))
+        r = (rng or random).random()
+        return raw * (1.0 - self.jitter * r)

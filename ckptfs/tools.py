@@ -1,0 +1,248 @@
+"""Tool calls that survive a crash: served from the durable log on replay, never run twice.
+
+`IdempotentToolRunner.run(tool_name, arguments, fn)` (the seed's API) keys each call by the
+tool name plus the canonical JSON of its arguments, the same in every process and Python
+version. A successful result is logged durably (`CheckpointStore.log_tool_call`) before it
+is returned, so a crash one instruction later does not repeat the call; errors are logged
+for the audit trail but never cached.
+
+Actions that must not happen twice (an email, a payment) pass `irreversible=True`: an
+intent record is made durable before the call and a completion record after it. On replay,
+an intent without a completion means the process died in between; the runner then asks the
+caller's `guard` (which checks the outside world: was the email sent?) instead of guessing.
+Every call also gets a deterministic idempotency key (run, step, call index, call) that a
+tool can hand to an API that deduplicates on one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ckptfs.errors import CkptfsError
+from ckptfs.models import ToolCall
+
+if TYPE_CHECKING:
+    from ckptfs.agent import CheckpointedAgent
+
+logger = logging.getLogger(__name__)
+
+
+class UnconfirmedActionError(CkptfsError):
+    """An irreversible call may have happened before a crash, and no guard can tell."""
+
+    def __init__(self, tool_name: str, idempotency_key: str) -> None:
+        self.tool_name = tool_name
+        self.idempotency_key = idempotency_key
+        super().__init__(
+            f"tool {tool_name!r} (idempotency key {idempotency_key}) recorded an intent but no "
+            "completion: the process stopped mid-call. Pass guard= to check whether the action "
+            "took effect; refusing to call it again blindly")
+
+
+@dataclass(frozen=True)
+class Done:
+    """What a guard returns when the action already took effect; `result` stands for its result."""
+
+    result: Any = None
+
+
+def canonical_json(arguments: Mapping[str, Any]) -> str:
+    """Arguments as JSON with sorted keys and no spaces: equal arguments give equal text."""
+    try:
+        return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"tool arguments must be JSON values (str keys, finite numbers): {exc}") from None
+
+
+def cache_key(tool_name: str, arguments: Mapping[str, Any]) -> str:
+    """sha256 of the tool name and the canonical arguments; stable across processes."""
+    return hashlib.sha256(f"{tool_name}\x00{canonical_json(arguments)}".encode()).hexdigest()
+
+
+def idempotency_key(run_id: str, step_id: str, index: int, key: str) -> str:
+    """The key an API may deduplicate on: the same call at the same place in a replay gives the same key."""
+    raw = f"{run_id}\x00{step_id}\x00{index}\x00{key}".encode()
+    return "ckpt-" + hashlib.sha256(raw).hexdigest()[:32]
+
+
+@dataclass
+class ToolLogState:
+    """One step's tool log, indexed: completed results by cache key, intents still open."""
+
+    completed: dict[str, ToolCall] = field(default_factory=dict)
+    open_intents: dict[str, ToolCall] = field(default_factory=dict)
+
+    def add(self, call: ToolCall) -> None:
+        key = call.cache_key
+        if key is None:
+            try:
+                key = cache_key(call.tool_name, call.arguments)
+            except TypeError:
+                return  # a hand-logged call with odd arguments: audit only
+        if call.phase == "intent":
+            self.open_intents[key] = call
+        elif call.phase == "completed" and call.error is None:
+            self.completed[key] = call
+            self.open_intents.pop(key, None)
+
+
+def _guard_says_done(decision: object) -> Done | None:
+    if isinstance(decision, Done):
+        return decision
+    if decision is True:
+        return Done(None)
+    if decision is None or decision is False:
+        return None
+    raise TypeError(f"a guard returns Done(result), True (done) or False/None (not done), "
+                    f"got {type(decision).__name__}")
+
+
+class IdempotentToolRunner:
+    """Runs a step's tool calls through the durable log (seed API: `run(tool_name, arguments, fn)`).
+
+    Build it as the seed does, `IdempotentToolRunner(agent, run_id, step_id)`, or inside an
+    executor with `agent.tools()`. Runners of the same step share one index of the log, so
+    creating one per call is fine.
+    """
+
+    def __init__(self, agent: CheckpointedAgent, run_id: str, step_id: str) -> None:
+        self.agent = agent
+        self.run_id = run_id
+        self.step_id = step_id
+        self._index = 0
+        self.real_calls = 0
+        self.cache_hits = 0
+
+    @property
+    def _state(self) -> ToolLogState:
+        return self.agent._tool_state(self.run_id, self.step_id)
+
+    def _prepare(self, tool_name: str, arguments: Mapping[str, Any]) -> tuple[str, str]:
+        if not isinstance(tool_name, str) or not tool_name:
+            raise ValueError("tool_name must be a non-empty string")
+        if not isinstance(arguments, Mapping):
+            raise TypeError(f"arguments of tool {tool_name!r} must be a dict, got {type(arguments).__name__}")
+        key = cache_key(tool_name, arguments)
+        idem = idempotency_key(self.run_id, self.step_id, self._index, key)
+        self._index += 1
+        return key, idem
+
+    def _record(self, tool_name: str, arguments: Mapping[str, Any], key: str, idem: str, phase: str,
+                result: Any = None, error: str | None = None, started: float | None = None) -> ToolCall:
+        call = ToolCall(id=idem, tool_name=tool_name, arguments=dict(arguments), result=result,
+                        error=error, cache_key=key, idempotency_key=idem, phase=phase,
+                        duration_ms=None if started is None else (time.perf_counter() - started) * 1000)
+        try:
+            call.model_dump_json()
+        except Exception as exc:  # pydantic raises its own serialisation errors
+            raise TypeError(f"tool {tool_name!r} returned a value that cannot be stored as JSON: "
+                            f"{exc}") from exc
+        return call
+
+    def _replay(self, tool_name: str, key: str, irreversible: bool,
+                guard: Callable[[ToolCall], object] | None) -> tuple[bool, Any, str | None]:
+        """(hit, result, idempotency key to reuse) from the log, asking the guard if needed."""
+        state = self._state
+        hit = state.completed.get(key)
+        if hit is not None:
+            self.cache_hits += 1
+            logger.debug("run %s step %s: %s served from the tool log", self.run_id, self.step_id, tool_name)
+            return True, hit.result, None
+        intent = state.open_intents.get(key) if irreversible else None
+        if intent is None:
+            return False, None, None
+        reuse = intent.idempotency_key
+        if guard is None:
+            raise UnconfirmedActionError(tool_name, reuse or "?")
+        done = _guard_says_done(guard(intent))
+        if done is None:
+            logger.warning("run %s step %s: %s had an intent but no completion; the guard says it "
+                           "did not happen: calling again with key %s", self.run_id, self.step_id,
+                           tool_name, reuse)
+            return False, None, reuse
+        logger.info("run %s step %s: %s had an intent but no completion; the guard says it took "
+                    "effect: not calling again", self.run_id, self.step_id, tool_name)
+        return True, done.result, reuse
+
+    def _call_args(self, arguments: Mapping[str, Any], idem: str, key_arg: str | None) -> dict[str, Any]:
+        kwargs = dict(arguments)
+        if key_arg is not None:
+            kwargs[key_arg] = idem
+        return kwargs
+
+    def run(self, tool_name: str, arguments: Mapping[str, Any], fn: Callable[..., Any], *,
+            irreversible: bool = False, guard: Callable[[ToolCall], object] | None = None,
+            checkpoint: bool = False, idempotency_key_arg: str | None = None) -> Any:
+        """Call `fn(**arguments)` unless this step already did; the result is durable on return.
+
+        irreversible: write a durable intent first; on replay an open intent goes to `guard`
+            (returns Done(result)/True if the action took effect, False/None to call again);
+            without a guard an open intent raises UnconfirmedActionError.
+        checkpoint: commit the run right after this call, whatever the checkpoint policy
+            (for an expensive call after many cheap, not yet committed steps).
+        idempotency_key_arg: pass the call's idempotency key to `fn` under this name.
+        """
+        key, idem = self._prepare(tool_name, arguments)
+        hit, result, reuse = self._replay(tool_name, key, irreversible, guard)
+        idem = reuse or idem
+        if hit:
+            if reuse is not None:  # the guard confirmed it: close the intent
+                self._log(self._record(tool_name, arguments, key, idem, "completed", result))
+            return result
+        self.agent._tool_checkpoint(self.run_id, self.step_id, "start", False)
+        if irreversible and reuse is None:
+            self._log(self._record(tool_name, arguments, key, idem, "intent"))
+        started = time.perf_counter()
+        try:
+            result = fn(**self._call_args(arguments, idem, idempotency_key_arg))
+        except Exception as exc:
+            self._log(self._record(tool_name, arguments, key, idem, "failed",
+                                   error=f"{type(exc).__name__}: {exc}", started=started))
+            raise
+        self.real_calls += 1
+        self._log(self._record(tool_name, arguments, key, idem, "completed", result, started=started))
+        self.agent._tool_checkpoint(self.run_id, self.step_id, "done", checkpoint)
+        return result
+
+    async def arun(self, tool_name: str, arguments: Mapping[str, Any], fn: Callable[..., Any], *,
+                   irreversible: bool = False, guard: Callable[[ToolCall], object] | None = None,
+                   checkpoint: bool = False, idempotency_key_arg: str | None = None) -> Any:
+        """`run` for async code: `fn` may be a coroutine function; store writes leave the loop."""
+        key, idem = self._prepare(tool_name, arguments)
+        hit, result, reuse = self._replay(tool_name, key, irreversible, guard)
+        idem = reuse or idem
+        if hit:
+            if reuse is not None:
+                await self._alog(self._record(tool_name, arguments, key, idem, "completed", result))
+            return result
+        await self.agent._atool_checkpoint(self.run_id, self.step_id, "start", False)
+        if irreversible and reuse is None:
+            await self._alog(self._record(tool_name, arguments, key, idem, "intent"))
+        started = time.perf_counter()
+        try:
+            result = fn(**self._call_args(arguments, idem, idempotency_key_arg))
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as exc:
+            await self._alog(self._record(tool_name, arguments, key, idem, "failed",
+                                          error=f"{type(exc).__name__}: {exc}", started=started))
+            raise
+        self.real_calls += 1
+        await self._alog(self._record(tool_name, arguments, key, idem, "completed", result, started=started))
+        await self.agent._atool_checkpoint(self.run_id, self.step_id, "done", checkpoint)
+        return result
+
+    def _log(self, call: ToolCall) -> None:
+        self.agent.record_tool_call(self.run_id, self.step_id, call)
+
+    async def _alog(self, call: ToolCall) -> None:
+        await self.agent._io(self.agent.store.log_tool_call, self.run_id, self.step_id, call)
+        self.agent._tool_state(self.run_id, self.step_id).add(call)

@@ -1,0 +1,283 @@
+"""IdempotentToolRunner: stable cache keys, durable results, uncached errors, intents and guards.
+
+The intent/guard tests kill a real child process (SIGKILL) between an irreversible call and
+its completion record; this file is also that child (`python tests/test_tools.py child ...`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+
+from ckptfs import AgentRun, CheckpointStore, Step, ToolCall  # noqa: E402
+from ckptfs.agent import CheckpointedAgent, RunStoppedError  # noqa: E402
+from ckptfs.tools import (  # noqa: E402
+    Done,
+    IdempotentToolRunner,
+    UnconfirmedActionError,
+    cache_key,
+    canonical_json,
+)
+
+STOPPED = 3
+
+
+def wipe(store: CheckpointStore) -> None:
+    store.flush()
+    for key in store.storage.list(""):
+        store.storage.delete(key)
+    store.close()
+
+
+@pytest.fixture
+def url() -> str:
+    return f"memory://tools-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def store(url: str) -> Iterator[CheckpointStore]:
+    st = CheckpointStore(url)
+    yield st
+    wipe(st)
+
+
+def saved_run(store: CheckpointStore) -> AgentRun:
+    run = AgentRun(goal="tools")
+    run.add_step(Step(id="s1", title="fetch"))
+    store.save_run(run)
+    return run
+
+
+def test_cache_key_ignores_argument_order_and_is_stable_across_processes() -> None:
+    args = {"query": "Python performance", "k": 3, "filters": {"year": 2024, "lang": "en"}, "x": [1.5, None]}
+    shuffled = {"x": [1.5, None], "filters": {"lang": "en", "year": 2024}, "k": 3,
+                "query": "Python performance"}
+    assert cache_key("search", args) == cache_key("search", shuffled)
+    assert cache_key("search", args) != cache_key("search2", args)
+    assert cache_key("search", {"k": 1}) != cache_key("search", {"k": 1.5})
+    assert canonical_json({"b": 1, "a": "é"}) == '{"a":"é","b":1}'
+    # pinned: a different value here would orphan every cached result in existing stores
+    assert cache_key("search", {"query": "Python performance"}) == (
+        "9bf2a469c9d1def13a4134fc4f0b5b90ebf4a544bc7ced3e49f195373c7eb665")
+    code = ("import json,sys; from ckptfs.tools import cache_key; "
+            "print(cache_key('search', json.loads(sys.argv[1])))")
+    keys = set()
+    for seed in ("0", "123", "random"):
+        out = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True,
+                             env=dict(os.environ, PYTHONHASHSEED=seed, PYTHONPATH=str(ROOT)), check=True)
+        keys.add(out.stdout.strip())
+    assert keys == {cache_key("search", args)}
+
+
+def test_non_json_arguments_are_refused_before_the_call(store: CheckpointStore) -> None:
+    run = saved_run(store)
+    runner = IdempotentToolRunner(CheckpointedAgent(store), run.run_id, "s1")
+    called = []
+    with pytest.raises(TypeError, match="JSON"):
+        runner.run("t", {"when": object()}, lambda when: called.append(1))
+    with pytest.raises(TypeError, match="JSON"):
+        runner.run("t", {"x": float("nan")}, lambda x: called.append(1))
+    assert called == []
+
+
+def test_result_is_durable_before_return(store: CheckpointStore, url: str) -> None:
+    run = saved_run(store)
+    agent = CheckpointedAgent(store)
+    result = IdempotentToolRunner(agent, run.run_id, "s1").run("add", {"a": 2, "b": 3}, lambda a, b: a + b)
+    assert result == 5
+    other = CheckpointStore(url)  # what a new process would read
+    history = other.get_tool_call_history(run.run_id, "s1")
+    assert [(c.tool_name, c.result, c.phase) for c in history] == [("add", 5, "completed")]
+    assert history[0].cache_key == cache_key("add", {"a": 2, "b": 3})
+    # and a new process's runner serves it without calling
+    agent2 = CheckpointedAgent(other)
+    calls = []
+    again = IdempotentToolRunner(agent2, run.run_id, "s1").run(
+        "add", {"b": 3, "a": 2}, lambda a, b: calls.append(1) or -1)
+    assert again == 5 and calls == []
+
+
+def test_errors_are_logged_but_not_cached(store: CheckpointStore) -> None:
+    run = saved_run(store)
+    agent = CheckpointedAgent(store)
+    runner = IdempotentToolRunner(agent, run.run_id, "s1")
+    attempts = []
+
+    def flaky(q: str) -> str:
+        attempts.append(q)
+        if len(attempts) == 1:
+            raise TimeoutError("upstream timeout")
+        return q.upper()
+
+    with pytest.raises(TimeoutError):
+        runner.run("fetch", {"q": "x"}, flaky)
+    assert runner.run("fetch", {"q": "x"}, flaky) == "X"
+    assert runner.run("fetch", {"q": "x"}, flaky) == "X"
+    assert len(attempts) == 2
+    phases = [(c.phase, c.error) for c in store.get_tool_call_history(run.run_id, "s1")]
+    assert phases == [("failed", "TimeoutError: upstream timeout"), ("completed", None)]
+
+
+def test_none_results_are_cached_too(store: CheckpointStore) -> None:
+    run = saved_run(store)
+    runner = IdempotentToolRunner(CheckpointedAgent(store), run.run_id, "s1")
+    calls: list[int] = []
+    assert runner.run("void", {}, lambda: calls.append(1)) is None
+    assert runner.run("void", {}, lambda: calls.append(1)) is None
+    assert calls == [1]
+
+
+def test_idempotency_key_is_deterministic_and_reaches_the_tool(store: CheckpointStore) -> None:
+    run = saved_run(store)
+    agent = CheckpointedAgent(store)
+    seen: list[str] = []
+
+    def charge(amount: int, idem: str) -> str:
+        seen.append(idem)
+        return "charged"
+
+    r1 = IdempotentToolRunner(agent, run.run_id, "s1")
+    r1.run("pay", {"amount": 10}, charge, idempotency_key_arg="idem")
+    r1.run("pay", {"amount": 20}, charge, idempotency_key_arg="idem")
+    assert len(set(seen)) == 2 and all(k.startswith("ckpt-") for k in seen)
+    logged = [c.idempotency_key for c in store.get_tool_call_history(run.run_id, "s1")]
+    assert logged == seen
+    # the key is a function of (run, step, call index, call): a replay reproduces it
+    from ckptfs.tools import idempotency_key
+
+    assert seen[0] == idempotency_key(run.run_id, "s1", 0, cache_key("pay", {"amount": 10}))
+    assert seen[1] == idempotency_key(run.run_id, "s1", 1, cache_key("pay", {"amount": 20}))
+
+
+def test_open_intent_without_guard_refuses_to_call_again(store: CheckpointStore) -> None:
+    run = saved_run(store)
+    agent = CheckpointedAgent(store)
+    intent = ToolCall(tool_name="email", arguments={"to": "x"}, phase="intent",
+                      cache_key=cache_key("email", {"to": "x"}), idempotency_key="ckpt-abc")
+    agent.record_tool_call(run.run_id, "s1", intent)
+    sent: list[str] = []
+    runner = IdempotentToolRunner(agent, run.run_id, "s1")
+    with pytest.raises(UnconfirmedActionError, match="ckpt-abc"):
+        runner.run("email", {"to": "x"}, lambda to: sent.append(to), irreversible=True)
+    assert sent == []
+    # a guard returning True closes the intent without calling
+    assert runner.run("email", {"to": "x"}, lambda to: sent.append(to), irreversible=True,
+                      guard=lambda c: Done("was sent")) == "was sent"
+    assert sent == []
+    assert [c.phase for c in store.get_tool_call_history(run.run_id, "s1")] == ["intent", "completed"]
+    agent.record_tool_call(run.run_id, "s2", intent.model_copy(update={"id": "i2"}))
+    with pytest.raises(TypeError, match="guard returns"):
+        IdempotentToolRunner(agent, run.run_id, "s2").run(
+            "email", {"to": "x"}, lambda to: sent.append(to), irreversible=True, guard=lambda c: "maybe")
+    assert sent == []
+
+
+# ------------------------------------------------------------- real SIGKILL around an email
+
+def child(store_dir: str, outbox: str, mode: str) -> int:
+    """One process: send the report email (irreversible), then a follow-up step."""
+    store = CheckpointStore(store_dir)
+    agent = CheckpointedAgent(store)
+    run_id = "mail-run"
+    run = agent.resume_run(run_id)
+    if run is None:
+        run = agent.start_run("email the weekly report", [
+            Step(id="notify", title="email the report"),
+            Step(id="archive", title="archive", dependencies=["notify"])], run_id=run_id)
+
+    def send(to: str, body: str, idem: str) -> str:
+        if mode == "kill_before_send":
+            os.kill(os.getpid(), signal.SIGKILL)
+        fd = os.open(outbox, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(fd, f"{idem} {to}\n".encode())
+        os.fsync(fd)
+        os.close(fd)
+        if mode == "kill_after_send":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return f"sent to {to}"
+
+    def guard(intent: ToolCall) -> object:
+        text = Path(outbox).read_text() if Path(outbox).exists() else ""
+        if intent.idempotency_key and intent.idempotency_key in text:
+            return Done(f"sent to {intent.arguments['to']} (confirmed)")
+        return False
+
+    def executor(step: Step, prior: list[ToolCall]) -> str:
+        if step.id == "notify":
+            return str(agent.tools().run("send_email", {"to": "team@example.com", "body": "weekly"}, send,
+                                         irreversible=True, idempotency_key_arg="idem",
+                                         guard=None if mode == "resume_without_guard" else guard))
+        return "archived"
+
+    try:
+        agent.execute_run(run, executor)
+    except RunStoppedError as exc:
+        print(json.dumps({"stopped": str(exc)}))
+        return STOPPED
+    print(json.dumps({"status": run.status, "notify": run.steps["notify"].result}))
+    return 0
+
+
+def spawn(store_dir: Path, outbox: Path, mode: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, __file__, "child", str(store_dir), str(outbox), mode],
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+
+def lines(p: Path) -> list[str]:
+    return p.read_text().splitlines() if p.exists() else []
+
+
+def test_crash_after_irreversible_call_guard_says_done_no_double_send(tmp_path: Path) -> None:
+    store_dir, outbox = tmp_path / "store", tmp_path / "outbox.txt"
+    first = spawn(store_dir, outbox, "kill_after_send")
+    assert first.returncode == -signal.SIGKILL
+    assert len(lines(outbox)) == 1
+    history = CheckpointStore(str(store_dir)).get_tool_call_history("mail-run", "notify")
+    assert [c.phase for c in history] == ["intent"]  # the completion record never made it
+    second = spawn(store_dir, outbox, "resume_with_guard")
+    assert second.returncode == 0, second.stderr
+    assert len(lines(outbox)) == 1  # no double send
+    assert json.loads(second.stdout)["notify"] == "sent to team@example.com (confirmed)"
+    run = CheckpointStore(str(store_dir)).load_run("mail-run")
+    assert run is not None and run.status == "completed"
+    history = CheckpointStore(str(store_dir)).get_tool_call_history("mail-run", "notify")
+    assert [c.phase for c in history] == ["intent", "completed"]
+    assert history[0].idempotency_key == history[1].idempotency_key
+
+
+def test_crash_before_the_send_guard_says_not_done_sends_once_with_the_same_key(tmp_path: Path) -> None:
+    store_dir, outbox = tmp_path / "store", tmp_path / "outbox.txt"
+    assert spawn(store_dir, outbox, "kill_before_send").returncode == -signal.SIGKILL
+    assert lines(outbox) == []
+    intent = CheckpointStore(str(store_dir)).get_tool_call_history("mail-run", "notify")[0]
+    second = spawn(store_dir, outbox, "resume_with_guard")
+    assert second.returncode == 0, second.stderr
+    assert lines(outbox) == [f"{intent.idempotency_key} team@example.com"]
+
+
+def test_crash_after_send_without_guard_stops_the_run_rather_than_guess(tmp_path: Path) -> None:
+    store_dir, outbox = tmp_path / "store", tmp_path / "outbox.txt"
+    assert spawn(store_dir, outbox, "kill_after_send").returncode == -signal.SIGKILL
+    second = spawn(store_dir, outbox, "resume_without_guard")
+    assert second.returncode == STOPPED, second.stderr
+    assert "irreversible" in json.loads(second.stdout)["stopped"]
+    assert len(lines(outbox)) == 1
+    run = CheckpointStore(str(store_dir)).load_run("mail-run")
+    assert run is not None and run.status == "failed" and run.steps["notify"].status.value == "pending"
+
+
+if __name__ == "__main__":
+    sys.exit(child(sys.argv[2], sys.argv[3], sys.argv[4]))
