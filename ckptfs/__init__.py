@@ -4,6 +4,13 @@ One URL configures where they live (`/path`, `file:///path`, `s3://bucket/prefix
 `memory://name`); see README.md for what is guaranteed.
 """
 
+from ckptfs.agent import (
+    CheckpointedAgent,
+    ProgressEvent,
+    RetriesExhaustedError,
+    RunStoppedError,
+    StepResult,
+)
 from ckptfs.errors import (
     CheckpointCorruptError,
     CkptfsError,
@@ -16,33 +23,65 @@ from ckptfs.errors import (
     UnsupportedFormatError,
     VersionNotFoundError,
 )
+from ckptfs.integrity import Finding, Report, verify
 from ckptfs.models import AgentRun, ArtifactRef, Step, StepStatus, ToolCall
+from ckptfs.policy import CheckpointPolicy, RetryPolicy
+from ckptfs.prune import PruneReport, prune
+from ckptfs.resume import ResumeBrief
 from ckptfs.storage import Capabilities, Storage, open_storage
 from ckptfs.store import CheckpointStore, CompactionPolicy, RetentionResult
+from ckptfs.tools import Done, IdempotentToolRunner, UnconfirmedActionError, cache_key
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    """`ckptfs.CkptfsSaver` without importing LangGraph at `import ckptfs` (optional extra)."""
+    if name == "CkptfsSaver":
+        from ckptfs.integrations.langgraph import CkptfsSaver
+
+        return CkptfsSaver
+    raise AttributeError(f"module 'ckptfs' has no attribute {name!r}")
+
 
 __all__ = [
     "AgentRun",
     "ArtifactRef",
     "Capabilities",
     "CheckpointCorruptError",
+    "CheckpointPolicy",
     "CheckpointStore",
+    "CheckpointedAgent",
     "CkptfsError",
     "CompactionPolicy",
     "ConfigError",
     "ConflictError",
     "CorruptFileError",
     "DecodeLimitError",
+    "Done",
+    "Finding",
+    "IdempotentToolRunner",
     "InvalidIdError",
+    "ProgressEvent",
+    "PruneReport",
+    "Report",
+    "ResumeBrief",
     "RetentionResult",
+    "RetriesExhaustedError",
+    "RetryPolicy",
+    "RunStoppedError",
     "Step",
+    "StepResult",
     "StepStatus",
     "Storage",
     "StorageUnavailableError",
     "ToolCall",
+    "UnconfirmedActionError",
     "UnsupportedFormatError",
     "VersionNotFoundError",
     "__version__",
+    "cache_key",
     "open_storage",
+    "prune",
+    "verify",
 ]
