@@ -1,0 +1,256 @@
+"""Settings: one TOML file, overridden by the environment, validated with errors that name the key.
+
+Where from, in order: the file given with `--config`, else `$CKPTFS_CONFIG`, else
+`config/ckptfs.toml` if it exists, else the defaults; then the environment variables in
+`ENV_VARS` on top. Every problem is one `ConfigError` naming the key (or the variable) and
+what is wrong with it, never a secret value.
+
+Credentials are not settings. They come from the standard AWS chain (AWS_ACCESS_KEY_ID and
+friends, AWS_PROFILE, ~/.aws, instance roles); `options.profile = "name"` picks a profile. A
+config file that holds a secret-looking option is refused, and ckptfs never writes one.
+`CKPTFS_STORAGE_OPTIONS` / `CKPTFS_MIRROR_STORAGE_OPTIONS` (JSON) may carry secrets for
+test servers: they live in the environment only and are redacted wherever shown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ckptfs.errors import ConfigError, StorageUnavailableError
+from ckptfs.storage import open_storage, redact_options, redact_url
+
+DEFAULT_PATH = "config/ckptfs.toml"
+CONFIG_ENV = "CKPTFS_CONFIG"
+
+# variable -> (section, key, kind); kind "json" is a JSON object, the rest plain text
+ENV_VARS: dict[str, tuple[str, str, str]] = {
+    "CKPTFS_URL": ("store", "url", "text"),
+    "CKPTFS_KEEP_LAST": ("store", "keep_last", "text"),
+    "CKPTFS_ARTIFACT_THRESHOLD": ("store", "artifact_threshold", "text"),
+    "CKPTFS_STORAGE_OPTIONS": ("store", "options", "json"),
+    "CKPTFS_MIRROR_URL": ("mirror", "url", "text"),
+    "CKPTFS_MIRROR_EVERY_N": ("mirror", "every_n", "text"),
+    "CKPTFS_MIRROR_KEEP_LAST": ("mirror", "keep_last", "text"),
+    "CKPTFS_MIRROR_LATEST": ("mirror", "latest", "text"),
+    "CKPTFS_MIRROR_INTERVAL": ("mirror", "interval", "text"),
+    "CKPTFS_MIRROR_CRON": ("mirror", "cron", "text"),
+    "CKPTFS_MIRROR_WORKERS": ("mirror", "workers", "text"),
+    "CKPTFS_MIRROR_ATTEMPTS": ("mirror", "attempts", "text"),
+    "CKPTFS_MIRROR_STORAGE_OPTIONS": ("mirror", "options", "json"),
+}
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)")
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Seconds in '90', '30s', '5m', '1h30m', '1d'; ConfigError for anything else."""
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        seconds = float(text)
+    else:
+        s = str(text).strip().lower()
+        pos, seconds = 0, 0.0
+        for m in _DURATION.finditer(s):
+            if m.start() != pos or (m.group(2) == "" and m.end() != len(s)):
+                break
+            seconds += float(m.group(1)) * _UNITS[m.group(2)]
+            pos = m.end()
+        if not s or pos != len(s):
+            raise ValueError(f"{text!r} is not a duration (use e.g. 30s, 5m, 1h30m)")
+    if seconds <= 0:
+        raise ValueError(f"{text!r}: a duration must be positive")
+    return seconds
+
+
+def _secret_paths(options: Mapping[str, Any], prefix: str) -> list[str]:
+    red = redact_options(options)
+    out = []
+    for k, v in options.items():
+        if isinstance(v, Mapping):
+            out += _secret_paths(v, f"{prefix}.{k}")
+        elif red.get(k) == "***":
+            out.append(f"{prefix}.{k}")
+    return out
+
+
+class StoreSettings(BaseModel):
+    """The primary store the agent writes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = "agent_checkpoints"
+    keep_last: int = Field(default=3, ge=1)
+    artifact_threshold: int = Field(default=64 * 1024, ge=1)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class MirrorSettings(BaseModel):
+    """Where and how often restore points are copied; `url` None means no mirror configured."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str | None = None
+    every_n: int = Field(default=10, ge=1)
+    keep_last: int | None = Field(default=None, ge=1)
+    latest: bool = False
+    interval: str | None = None
+    cron: str | None = None
+    misfire_grace_time: int = Field(default=60, ge=1)
+    workers: int = Field(default=8, ge=1, le=128)
+    attempts: int = Field(default=6, ge=1, le=100)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("interval")
+    @classmethod
+    def _interval(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_duration(v)
+        return v
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, v: str | None) -> str | None:
+        if v is not None:
+            from apscheduler.triggers.cron import CronTrigger
+
+            try:
+                CronTrigger.from_crontab(v, timezone="UTC")
+            except ValueError as exc:
+                raise ValueError(f"{v!r} is not a cron expression ({exc})") from None
+        return v
+
+    @model_validator(mode="after")
+    def _one_schedule(self) -> MirrorSettings:
+        if self.interval is not None and self.cron is not None:
+            raise ValueError("set interval or cron, not both")
+        return self
+
+    @property
+    def interval_seconds(self) -> float | None:
+        return None if self.interval is None else parse_duration(self.interval)
+
+
+class Settings(BaseModel):
+    """Everything ckptfs reads from configuration; `origin` says where each value came from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    store: StoreSettings = Field(default_factory=lambda: StoreSettings())
+    mirror: MirrorSettings = Field(default_factory=lambda: MirrorSettings())
+
+    def redacted(self) -> dict[str, Any]:
+        """The effective settings, safe to print: URLs and options with secrets hidden."""
+        doc = self.model_dump()
+        for section in ("store", "mirror"):
+            if doc[section].get("url"):
+                doc[section]["url"] = redact_url(doc[section]["url"])
+            doc[section]["options"] = redact_options(doc[section]["options"])
+        return doc
+
+    def check(self, timeout: float = 3.0) -> None:
+        """Reach the store (and the mirror, if set) once; StorageUnavailableError names which."""
+        targets = [("store.url", self.store.url, self.store.options)]
+        if self.mirror.url:
+            targets.append(("mirror.url", self.mirror.url, self.mirror.options))
+        for key, url, options in targets:
+            opts = dict(options)
+            if url.startswith(("s3://", "s3a://")):
+                ck = dict(opts.get("config_kwargs", {}))
+                ck.setdefault("connect_timeout", timeout)
+                ck.setdefault("read_timeout", timeout)
+                ck.setdefault("retries", {"max_attempts": 1})
+                opts["config_kwargs"] = ck
+            storage = open_storage(url, opts)
+            try:
+                storage.check()
+            except StorageUnavailableError as exc:
+                raise StorageUnavailableError(f"{key}: unreachable: {exc}") from None
+            finally:
+                storage.close()
+
+
+def _describe(loc: tuple[Any, ...], origin: Mapping[str, str], where: str) -> str:
+    """`file: key`, or `$VARIABLE (key)` when the environment set the value."""
+    key = ".".join(str(p) for p in loc)
+    for n in range(len(loc), 0, -1):
+        prefix = ".".join(str(p) for p in loc[:n])
+        if prefix in origin:
+            return f"{origin[prefix]} ({key})"
+    return f"{where}: {key}"
+
+
+def load_settings(path: str | os.PathLike[str] | None = None,
+                  env: Mapping[str, str] | None = None) -> Settings:
+    """Read, override and validate the settings; ConfigError names the first bad key."""
+    env = os.environ if env is None else env
+    explicit = path if path is not None else env.get(CONFIG_ENV) or None
+    file = Path(explicit) if explicit else Path(DEFAULT_PATH)
+    doc: dict[str, Any] = {}
+    where = "defaults"
+    if explicit and not file.is_file():
+        via = "--config" if path is not None else f"${CONFIG_ENV}"
+        raise ConfigError(f"config file {str(file)!r} ({via}) does not exist")
+    if file.is_file():
+        where = str(file)
+        try:
+            doc = tomllib.loads(file.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{where}: not valid TOML: {exc}") from None
+    origin: dict[str, str] = {}
+    for section in ("store", "mirror"):
+        sec = doc.get(section)
+        if isinstance(sec, dict) and isinstance(sec.get("options"), dict):
+            bad = _secret_paths(sec["options"], f"{section}.options")
+            if bad:
+                raise ConfigError(
+                    f"{where}: {bad[0]}: credentials do not belong in a config file; use the AWS "
+                    "chain (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE, ~/.aws) or "
+                    "options.profile")
+    for var, (section, key, kind) in ENV_VARS.items():
+        raw = env.get(var)
+        if raw is None or raw == "":
+            continue
+        value: Any = raw
+        if kind == "json":
+            try:
+                value = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"${var}: not valid JSON (line {exc.lineno}, column {exc.colno})") from None
+            if not isinstance(value, dict):
+                raise ConfigError(f"${var}: must be a JSON object")
+            base = doc.get(section, {}).get(key, {}) if isinstance(doc.get(section), dict) else {}
+            value = {**(base if isinstance(base, dict) else {}), **value}
+        sec = doc.setdefault(section, {})
+        if not isinstance(sec, dict):
+            raise ConfigError(f"{where}: [{section}] must be a table")
+        sec[key] = value
+        origin[f"{section}.{key}"] = f"${var}"
+    try:
+        settings = Settings.model_validate(doc)
+    except ValidationError as exc:
+        errs = exc.errors()
+        lines = []
+        for e in errs:
+            loc = tuple(e["loc"])
+            what = "unknown setting" if e["type"] == "extra_forbidden" else e["msg"].removeprefix(
+                "Value error, ")
+            lines.append(f"{_describe(loc, origin, where)}: {what}")
+        raise ConfigError("; ".join(lines)) from None
+    for section_name in ("store", "mirror"):
+        sec_obj: StoreSettings | MirrorSettings = getattr(settings, section_name)
+        url = sec_obj.url
+        if url is None:
+            continue
+        try:
+            open_storage(url, sec_obj.options).close()
+        except (ConfigError, StorageUnavailableError) as exc:
+            raise ConfigError(f"{_describe((section_name, 'url'), origin, where)}: {exc}") from None
+    return settings

@@ -1,0 +1,1113 @@
+"""Mirror and restore: copy runs' restore points between stores so the mirror alone can resume.
+
+A *restore point* of a run is a version V together with everything a load of V reads: the
+newest snapshot at or below V (or none, when the chain from version 0 is still whole), the
+deltas and journal records the loader's walk takes from there to V, and every artifact those
+records reference. The mirror copies exactly that set, byte for byte, under the same keys, so
+`CheckpointStore(mirror_url).load_run(...)` works on the mirror as it does on the primary.
+
+When a point is taken. The background compactor writes snapshots when it decides, not every N
+steps, so "every N-th snapshot" means: a run gets a new restore point once it has advanced at
+least `every_n` versions past the mirror's newest point (`latest=True`: whenever it advanced
+at all). A pass takes one point per run, the newest version the source can load.
+
+Order, as restic writes: artifacts, then the records, then the snapshot last, each phase
+finished (and every upload verified) before the next starts. Records are hash-chained, so
+any subset of them loads as a contiguous prefix: a reader of the mirror, at any moment, sees
+an earlier valid version, never a torn one; the snapshot, which would move the loader's
+starting point, appears only once all it needs is there. An interrupted pass re-run skips
+what already arrived and converges.
+
+"Already there" means the same sha256: artifact keys *are* their sha256 and every backend
+writes an object whole, so the right size at an artifact key is its content; a checkpoint
+file at an existing key is read back and hashed (these files are small, and this only happens
+on keys the destination listing shows, i.e. on re-runs). A different file at the same key is
+another lineage (a run restored and continued elsewhere): reported as a conflict, never
+overwritten. An upload counts once verified: the returned ETag equals the body's MD5 (S3
+single-part) or sha256 (memory), else the stored size is read back.
+
+Restore copies a point from a mirror into a fresh URL: it stages the files in a local
+temporary directory, verifies them by loading the run there (hashes, chain, graph, artifact
+sha256), and only then publishes into the destination in the same safe order. `MirrorJob`
+runs passes on APScheduler 3 (interval or cron, one at a time, missed ticks coalesced) and
+offers the agent a non-blocking step trigger.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import hashlib
+import logging
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from typing import IO, Any, Protocol
+
+from ckptfs import codec
+from ckptfs.errors import (
+    CheckpointCorruptError,
+    ConfigError,
+    CorruptFileError,
+    StorageUnavailableError,
+    VersionNotFoundError,
+)
+from ckptfs.layout import ARTIFACTS, RUNS, RunFile, parse_artifact_key, parse_run_key, run_prefix
+from ckptfs.models import ArtifactRef, validate_id
+from ckptfs.retry import RetryingStorage
+from ckptfs.storage import LocalStorage, Storage, open_storage
+from ckptfs.store import CheckpointStore, CompactionPolicy
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_WORKERS = 16
+_LIST_OVER = 16  # more artifacts than this: one LIST of the destination beats a HEAD each
+DEFAULT_ATTEMPTS = 6
+_SMALL = 8 * 1024 * 1024  # artifacts up to this size move in one GET / one PUT
+_SPOOL = 16 * 1024 * 1024
+_CHUNK = 1024 * 1024
+_KIND = {"log": "journal", "delta": "delta", "snap": "snapshot"}
+
+StorageLike = str | Storage
+
+
+class Progress(Protocol):
+    """What the CLI's progress bars need; library code never renders anything itself."""
+
+    def planned(self, objects: int, nbytes: int) -> None: ...
+
+    def done(self, key: str, nbytes: int, skipped: bool) -> None: ...
+
+
+class _NoProgress:
+    def planned(self, objects: int, nbytes: int) -> None:
+        return None
+
+    def done(self, key: str, nbytes: int, skipped: bool) -> None:
+        return None
+
+
+# ----------------------------------------------------------------------------- reports
+
+
+@dataclass
+class RunResult:
+    """What one pass did to one run.
+
+    status: mirrored / restored (a new point is complete), up-to-date, not-due (advanced
+    fewer than every_n versions), empty (no files), incomplete (something could not be
+    copied: see `missing`), conflict (the destination holds different bytes at a key).
+    """
+
+    run_id: str
+    status: str
+    version: int | None = None  # the destination's point after this pass
+    snapshot: int | None = None  # the snapshot that point starts from (None: from version 0)
+    previous: int = 0  # the destination's point before the pass
+    source_version: int = 0  # newest version the source holds
+    copied: int = 0
+    skipped: int = 0
+    bytes: int = 0
+    missing: list[str] = field(default_factory=list)
+    deleted: int = 0  # removed by the destination's retention
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.status not in ("incomplete", "conflict", "failed")
+
+
+@dataclass
+class TransferReport:
+    src: str
+    dst: str
+    runs: list[RunResult] = field(default_factory=list)
+    seconds: float = 0.0
+    retries: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and all(r.ok for r in self.runs)
+
+    @property
+    def copied(self) -> int:
+        return sum(r.copied for r in self.runs)
+
+    @property
+    def skipped(self) -> int:
+        return sum(r.skipped for r in self.runs)
+
+    @property
+    def bytes(self) -> int:
+        return sum(r.bytes for r in self.runs)
+
+    @property
+    def missing(self) -> list[str]:
+        return [k for r in self.runs for k in r.missing]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"operation": self.operation, "ok": self.ok, "src": self.src, "dst": self.dst,
+                "seconds": round(self.seconds, 3), "copied": self.copied, "skipped": self.skipped,
+                "bytes": self.bytes, "retries": self.retries, "missing": self.missing,
+                "errors": self.errors,
+                "runs": [asdict(r) for r in self.runs]}
+
+    operation = "transfer"
+
+
+@dataclass
+class MirrorReport(TransferReport):
+    """One mirror pass: per run what was copied, skipped, missing; `ok` False means exit 1."""
+
+    operation = "mirror"
+
+
+@dataclass
+class RestoreReport(TransferReport):
+    """One restore: per run the version now loadable at the destination."""
+
+    operation = "restore"
+
+
+class _Conflict(Exception):
+    pass
+
+
+class _Missing(Exception):
+    pass
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+@dataclass
+class _Chain:
+    run_id: str
+    version: int
+    hash: str
+    snapshot: RunFile | None
+    records: list[RunFile]
+    refs: dict[str, ArtifactRef] = field(default_factory=dict)
+
+    @property
+    def files(self) -> list[RunFile]:
+        """Copy order: records in chain order, the snapshot last."""
+        return [*self.records, *([self.snapshot] if self.snapshot else [])]
+
+
+def _run_files(storage: Storage, run_id: str) -> tuple[list[RunFile], set[str]]:
+    keys = storage.list(run_prefix(run_id))
+    return [rf for k in keys if (rf := parse_run_key(k)) is not None], set(keys)
+
+
+def _name_chain(files: Sequence[RunFile], ceiling: int | None = None) -> list[RunFile] | None:
+    """The files a load would read, judged from their names alone (no reads): cheap, advisory.
+
+    Returns [snapshot?, records...] or None when no chain starts. Used to prefetch in
+    parallel and to see what the destination already holds; `_plan` decides by headers.
+    """
+    if not files:
+        return None
+    limit = max(f.version for f in files) if ceiling is None else ceiling
+    snaps = [f for f in files if f.kind == "snap" and f.version <= limit]
+    deltas: dict[int, list[RunFile]] = {}
+    logs: dict[int, RunFile] = {}
+    for f in files:
+        if f.kind == "delta" and f.version <= limit:
+            deltas.setdefault(f.base, []).append(f)
+        elif f.kind == "log":
+            logs[f.version] = f
+    out: list[RunFile] = []
+    if snaps:
+        start = max(snaps)
+        out.append(start)
+        cursor = start.version
+    elif 0 in deltas or 1 in logs:
+        cursor = 0
+    else:
+        return None
+    while cursor < limit:
+        ds = [d for d in deltas.get(cursor, []) if d.version <= limit]
+        nxt = max(ds) if ds else logs.get(cursor + 1)
+        if nxt is None:
+            break
+        out.append(nxt)
+        cursor = nxt.version
+    return out
+
+
+def _chain_end(chain: list[RunFile] | None) -> int:
+    return chain[-1].version if chain else 0
+
+
+def _collect_refs(body: Any, out: dict[str, ArtifactRef]) -> None:
+    """Every artifact a record points at: `$refs` entries and ArtifactRefs kept in user data."""
+    stack = [body]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, dict):
+            uri, sha, size = o.get("uri"), o.get("sha256"), o.get("size")
+            if (isinstance(uri, str) and isinstance(sha, str) and isinstance(size, int)
+                    and parse_artifact_key(uri) == sha):
+                if uri not in out:
+                    out[uri] = ArtifactRef.model_validate(
+                        {k: o[k] for k in ("uri", "sha256", "size", "media_type", "summary") if k in o})
+                continue
+            stack.extend(v for v in o.values() if isinstance(v, dict | list))
+        elif isinstance(o, list):
+            stack.extend(v for v in o if isinstance(v, dict | list))
+
+
+class _Reader:
+    """Reads and decodes one run's files from a storage, once each, in parallel when it can."""
+
+    def __init__(self, storage: Storage, run_id: str, pool: ThreadPoolExecutor,
+                 max_size: int = codec.DEFAULT_MAX_DECODED_BYTES) -> None:
+        self.storage = storage
+        self.run_id = run_id
+        self.pool = pool
+        self.max_size = max_size
+        self.raw: dict[str, bytes] = {}
+        self.records: dict[str, codec.Record | None] = {}
+        self.problems: list[str] = []
+
+    def _fetch(self, rf: RunFile) -> None:
+        if rf.key in self.records:
+            return
+        data = self.storage.get(rf.key)  # FileNotFoundError: vanished (retention): caller replans
+        try:
+            rec = codec.decode(data, rf.key, self.max_size)
+            h = rec.header
+            if h.kind != _KIND[rf.kind] or h.run_id != self.run_id or h.version != rf.version or (
+                    rf.kind != "log" and h.base != rf.base):
+                raise CorruptFileError(rf.key, "header does not match the file name")
+        except CorruptFileError as exc:
+            logger.warning("run %s: skipping %s", self.run_id, exc)
+            self.problems.append(str(exc))
+            self.records[rf.key] = None
+            return
+        self.raw[rf.key] = data
+        self.records[rf.key] = rec
+
+    def prefetch(self, files: Iterable[RunFile]) -> None:
+        todo = [f for f in files if f.key not in self.records]
+        for fut in [self.pool.submit(self._fetch, f) for f in todo]:
+            fut.result()
+
+    def read(self, rf: RunFile) -> codec.Record | None:
+        self._fetch(rf)
+        return self.records[rf.key]
+
+
+def _plan(reader: _Reader, files: list[RunFile], ceiling: int | None = None) -> _Chain | None:
+    """The chain a load of the run (at `ceiling`, or newest) follows, decided by headers.
+
+    Mirrors CheckpointStore's walk: newest snapshot that decodes, then at each version the
+    largest delta whose base hash matches, else the next journal record that continues the
+    hash chain. With a ceiling, only a chain that reaches it exactly counts.
+    """
+    if not files:
+        return None
+    limit = max(f.version for f in files) if ceiling is None else ceiling
+    hint = _name_chain(files, limit)
+    if hint:
+        reader.prefetch(hint)
+    snaps = sorted((f for f in files if f.kind == "snap" and f.version <= limit), reverse=True)
+    deltas: dict[int, list[RunFile]] = {}
+    for f in files:
+        if f.kind == "delta" and f.version <= limit:
+            deltas.setdefault(f.base, []).append(f)
+    for lst in deltas.values():
+        lst.sort(reverse=True)
+    logs = sorted(f for f in files if f.kind == "log" and f.version <= limit)
+    log_versions = [f.version for f in logs]
+    starts: list[RunFile | None] = [*snaps]
+    if any(f.base == 0 for f in logs) or 0 in deltas:
+        starts.append(None)
+    for start in starts:
+        cursor, chash = 0, ""
+        if start is not None:
+            rec = reader.read(start)
+            if rec is None:
+                continue
+            cursor, chash = start.version, rec.header.hash
+        chain: list[RunFile] = []
+        while cursor < limit:
+            nxt: tuple[RunFile, codec.Record] | None = None
+            for d in deltas.get(cursor, []):
+                if d.version > limit:
+                    continue
+                r = reader.read(d)
+                if r is not None and r.header.base_hash == chash:
+                    nxt = (d, r)
+                    break
+            if nxt is None:
+                for lf in logs[bisect.bisect_right(log_versions, cursor):]:
+                    r = reader.read(lf)
+                    if r is not None and r.header.base == cursor and r.header.base_hash == chash:
+                        nxt = (lf, r)
+                        break
+            if nxt is None:
+                break
+            chain.append(nxt[0])
+            cursor, chash = nxt[1].header.version, nxt[1].header.hash
+        if start is None and not chain:
+            continue
+        if ceiling is not None and cursor != ceiling:
+            continue
+        out = _Chain(reader.run_id, cursor, chash, start, chain)
+        for rf in out.files:
+            rec = reader.records[rf.key]
+            assert rec is not None
+            _collect_refs(rec.body, out.refs)
+        return out
+    return None
+
+
+# ----------------------------------------------------------------------------- copying
+
+
+def _verify_etag(etag: str, data: bytes) -> bool | None:
+    """True/False when the backend's ETag is a content hash we can check, None otherwise."""
+    e = etag.strip('"').lower()
+    if len(e) == 32 and all(c in "0123456789abcdef" for c in e):
+        return e == hashlib.md5(data, usedforsecurity=False).hexdigest()
+    if len(e) == 64 and all(c in "0123456789abcdef" for c in e):
+        return e == hashlib.sha256(data).hexdigest()
+    return None
+
+
+class _Copier:
+    """Copies immutable objects into a destination: skip same content, verify, never overwrite."""
+
+    def __init__(self, dst: Storage, progress: Progress, known: set[str]) -> None:
+        self.dst = dst
+        self.progress = progress
+        self.known = known  # artifact keys verified present at dst (kept across passes)
+        self._lock = threading.Lock()
+
+    def _same(self, key: str, data: bytes) -> bool:
+        try:
+            return hashlib.sha256(self.dst.get(key)).digest() == hashlib.sha256(data).digest()
+        except FileNotFoundError:
+            return False
+
+    def _check_upload(self, key: str, data: bytes, etag: str) -> None:
+        ok = _verify_etag(etag, data)
+        if ok is None:
+            ok = self.dst.size(key) == len(data)
+        if not ok:
+            raise _Missing(f"{key}: upload did not verify (stored object differs from what was sent)")
+
+    def blob(self, key: str, data: bytes, present: bool) -> bool:
+        """Copy one checkpoint file; True if uploaded, False if it was already there."""
+        if present:
+            if self._same(key, data):
+                self.progress.done(key, len(data), True)
+                return False
+            if self.dst.exists(key):
+                raise _Conflict(f"{key}: the destination holds a different file under this name")
+        try:
+            etag = self.dst.put_if_absent(key, data)
+        except FileExistsError:
+            if self._same(key, data):  # a retried PUT that had landed, or a racing pass
+                self.progress.done(key, len(data), True)
+                return False
+            raise _Conflict(f"{key}: the destination holds a different file under this name") from None
+        self._check_upload(key, data, etag)
+        self.progress.done(key, len(data), False)
+        return True
+
+    def artifact(self, src: Storage, ref: ArtifactRef) -> bool:
+        """Copy one artifact, its sha256 checked before it is written; True if uploaded."""
+        key = ref.uri
+        if key in self.known:
+            self.progress.done(key, ref.size, True)
+            return False
+        try:
+            have = self.dst.size(key)
+        except FileNotFoundError:
+            have = -1
+        if have == ref.size:
+            with self._lock:
+                self.known.add(key)
+            self.progress.done(key, ref.size, True)
+            return False
+        try:
+            if ref.size <= _SMALL:
+                self._artifact_small(src, ref, replace=have >= 0)
+            else:
+                self._artifact_large(src, ref, replace=have >= 0)
+        except FileNotFoundError:
+            raise _Missing(f"{key}: referenced artifact is missing at the source") from None
+        with self._lock:
+            self.known.add(key)
+        self.progress.done(key, ref.size, False)
+        return True
+
+    def _artifact_small(self, src: Storage, ref: ArtifactRef, replace: bool) -> None:
+        data = src.get(ref.uri)
+        if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256:
+            raise _Missing(f"{ref.uri}: source artifact does not match its sha256")
+        if replace or not data:
+            etag = self.dst.put(ref.uri, data)  # a damaged object sits at the content key
+        else:
+            try:
+                etag = self.dst.put_if_absent(ref.uri, data)
+            except FileExistsError:
+                etag = ""
+        self._check_upload(ref.uri, data, etag)
+
+    def _artifact_large(self, src: Storage, ref: ArtifactRef, replace: bool) -> None:
+        h = hashlib.sha256()
+        n = 0
+        with tempfile.SpooledTemporaryFile(max_size=_SPOOL) as spool:
+            with src.open_read(ref.uri) as f:
+                while chunk := f.read(_CHUNK):
+                    h.update(chunk)
+                    n += len(chunk)
+                    spool.write(chunk)
+            if n != ref.size or h.hexdigest() != ref.sha256:
+                raise _Missing(f"{ref.uri}: source artifact does not match its sha256")
+            spool.seek(0)
+            with contextlib.suppress(FileExistsError):
+                self.dst.put_stream(ref.uri, spool, exclusive=not replace)
+        if self.dst.size(ref.uri) != ref.size:
+            raise _Missing(f"{ref.uri}: upload did not verify (size differs)")
+
+
+def _note_present(dst: Storage, refs: Mapping[str, ArtifactRef], known: set[str]) -> None:
+    """Add the needed artifacts a listing of the destination shows to `known`.
+
+    A listed artifact key is its content (content-addressed, written whole), so for many
+    artifacts one paginated LIST replaces a HEAD per artifact.
+    """
+    todo = [k for k in refs if k not in known]
+    if len(todo) > _LIST_OVER:
+        listed = set(dst.list(ARTIFACTS))
+        known.update(k for k in todo if k in listed)
+
+
+def _as_storage(target: StorageLike, options: Mapping[str, Any] | None, attempts: int,
+                base_delay: float) -> Storage:
+    st = target if isinstance(target, Storage) else open_storage(target, options)
+    if attempts > 1 and not isinstance(st, RetryingStorage):
+        st = RetryingStorage(st, attempts=attempts, base_delay=base_delay)
+    return st
+
+
+def _retries(*stores: Storage) -> int:
+    return sum(s.retries for s in stores if isinstance(s, RetryingStorage))
+
+
+def _run_ids(storage: Storage, run_id: str | Iterable[str] | None) -> list[str]:
+    if run_id is None:
+        return storage.list_dirs(RUNS)
+    ids = [run_id] if isinstance(run_id, str) else list(run_id)
+    return [validate_id(r, "run id") for r in ids]
+
+
+def _gather(futs: list[Future[bool]], res: RunResult, sizes: list[int]) -> None:
+    """Wait for a phase; count what it did; collect what failed into res.missing."""
+    conflicts: list[str] = []
+    for fut, size in zip(futs, sizes, strict=True):
+        try:
+            if fut.result():
+                res.copied += 1
+                res.bytes += size
+            else:
+                res.skipped += 1
+        except _Conflict as exc:
+            conflicts.append(str(exc))
+        except (_Missing, StorageUnavailableError, OSError) as exc:
+            res.missing.append(str(exc))
+    if conflicts:
+        res.missing.extend(conflicts)
+        res.status = "conflict"
+        res.error = conflicts[0]
+    elif res.missing:
+        res.status = "incomplete"
+        res.error = res.missing[0]
+
+
+# ----------------------------------------------------------------------------- mirror
+
+
+class _Mirror:
+    """One source, one destination, a pool of workers; reused by MirrorJob across passes."""
+
+    def __init__(self, src: StorageLike, dst: StorageLike, *, src_options: Mapping[str, Any] | None,
+                 dst_options: Mapping[str, Any] | None, workers: int, attempts: int,
+                 base_delay: float) -> None:
+        if workers < 1:
+            raise ConfigError("workers must be >= 1")
+        self.src = _as_storage(src, src_options, attempts, base_delay)
+        self.dst = _as_storage(dst, dst_options, attempts, base_delay)
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptfs-mirror")
+        self.known: set[str] = set()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+    def check(self) -> None:
+        """Both ends reachable: a usage-level failure (exit 2), before anything is copied."""
+        self.src.check()
+        self.dst.check()
+
+    def pass_(self, run_id: str | Iterable[str] | None, every_n: int, latest: bool,
+              keep_last: int | None, progress: Progress) -> MirrorReport:
+        t0 = time.monotonic()
+        before = _retries(self.src, self.dst)
+        report = MirrorReport(self.src.display_url, self.dst.display_url)
+        for rid in _run_ids(self.src, run_id):
+            report.runs.append(self._run(rid, every_n, latest, keep_last, progress))
+        report.seconds = time.monotonic() - t0
+        report.retries = _retries(self.src, self.dst) - before
+        return report
+
+    def _run(self, run_id: str, every_n: int, latest: bool, keep_last: int | None,
+             progress: Progress) -> RunResult:
+        for attempt in range(3):
+            try:
+                return self._run_once(run_id, every_n, latest, keep_last, progress)
+            except FileNotFoundError as exc:
+                # The source's retention removed a file under us: plan again from a fresh list.
+                if attempt == 2:
+                    return RunResult(run_id, "incomplete", error=f"source kept changing: {exc}",
+                                     missing=[str(exc)])
+                logger.info("run %s: a source file vanished (%s); planning again", run_id, exc)
+            except StorageUnavailableError as exc:
+                return RunResult(run_id, "incomplete", error=str(exc), missing=[str(exc)])
+        raise AssertionError("unreachable")
+
+    def _run_once(self, run_id: str, every_n: int, latest: bool, keep_last: int | None,
+                  progress: Progress) -> RunResult:
+        src_files, src_keys = _run_files(self.src, run_id)
+        if not src_files:
+            return RunResult(run_id, "empty")
+        head = max(f.version for f in src_files)
+        dst_files, dst_keys = _run_files(self.dst, run_id)
+        dst_chain = _name_chain(dst_files)
+        previous = _chain_end(dst_chain)
+        res = RunResult(run_id, "mirrored", previous=previous, source_version=head)
+        if dst_chain and previous >= head:
+            last = dst_chain[-1].key
+            if last in src_keys and self._same_bytes(last):
+                res.status, res.version = "up-to-date", previous
+                res.snapshot = dst_chain[0].version if dst_chain[0].kind == "snap" else None
+                return res
+        if dst_chain and not latest and head - previous < every_n:
+            res.status, res.version = "not-due", previous
+            return res
+        reader = _Reader(self.src, run_id, self.pool)
+        chain = _plan(reader, src_files)
+        if chain is None:
+            res.status = "incomplete"
+            res.error = "the source holds files for this run but no loadable chain"
+            res.missing = reader.problems or [res.error]
+            return res
+        res.source_version = chain.version
+        res.snapshot = chain.snapshot.version if chain.snapshot else None
+        _note_present(self.dst, chain.refs, self.known)
+        copier = _Copier(self.dst, progress, self.known)
+        files = chain.files
+        nbytes = sum(r.size for r in chain.refs.values()) + sum(len(reader.raw[f.key]) for f in files)
+        progress.planned(len(chain.refs) + len(files), nbytes)
+        # 1. artifacts
+        refs = list(chain.refs.values())
+        _gather([self.pool.submit(copier.artifact, self.src, r) for r in refs], res,
+                [r.size for r in refs])
+        if not res.ok:
+            res.version = previous
+            return res
+        # 2. records, in parallel: any subset of a hash chain loads as an earlier version
+        recs = chain.records
+        _gather([self.pool.submit(copier.blob, f.key, reader.raw[f.key], f.key in dst_keys)
+                 for f in recs], res, [len(reader.raw[f.key]) for f in recs])
+        # 3. the snapshot, last: it moves the loader's starting point, so all it needs is there
+        if res.ok and chain.snapshot is not None:
+            s = chain.snapshot
+            _gather([self.pool.submit(copier.blob, s.key, reader.raw[s.key], s.key in dst_keys)],
+                    res, [len(reader.raw[s.key])])
+        if not res.ok:
+            res.version = previous
+            return res
+        res.version = chain.version
+        if chain.version < head:
+            res.notes.append(f"source holds versions up to {head} but loads only to {chain.version}")
+        if keep_last and chain.snapshot is not None and chain.snapshot.key not in dst_keys:
+            res.deleted = self._retention(run_id, keep_last)
+        return res
+
+    def _same_bytes(self, key: str) -> bool:
+        try:
+            a = self.src.get(key)
+            b = self.dst.get(key)
+        except FileNotFoundError:
+            return False
+        return hashlib.sha256(a).digest() == hashlib.sha256(b).digest()
+
+    def _retention(self, run_id: str, keep_last: int) -> int:
+        store = CheckpointStore(storage=self.dst, policy=CompactionPolicy(background=False, keep_last=0))
+        result = store.apply_retention(run_id, keep_last)
+        return len(result.deleted)
+
+
+def mirror(src_url: StorageLike, dst_url: StorageLike, every_n: int = 1,
+           run_id: str | Iterable[str] | None = None, src_options: Mapping[str, Any] | None = None,
+           dst_options: Mapping[str, Any] | None = None,
+           latest: bool = False, keep_last: int | None = None, *, workers: int = DEFAULT_WORKERS,
+           attempts: int = DEFAULT_ATTEMPTS, base_delay: float = 0.2,
+           progress: Progress | None = None) -> MirrorReport:
+    """Copy each run's newest restore point from `src_url` to `dst_url` when it is due.
+
+    A run is due once it advanced `every_n` versions past the mirror's newest point, or at
+    all with `latest=True`. Artifacts, then records, then the snapshot; uploads in parallel
+    (`workers`), each retried on throttling/5xx (`attempts`) and verified. `keep_last`
+    applies retention on the destination (newest N snapshots and what they need). Raises
+    StorageUnavailableError if either end cannot be reached at the start; failures later
+    leave the run `incomplete` in the report (nothing torn is visible), and a rerun resumes.
+    """
+    if every_n < 1:
+        raise ConfigError(f"every_n must be >= 1, got {every_n}")
+    if keep_last is not None and keep_last < 1:
+        raise ConfigError(f"keep_last must be >= 1, got {keep_last}")
+    m = _Mirror(src_url, dst_url, src_options=src_options, dst_options=dst_options,
+                workers=workers, attempts=attempts, base_delay=base_delay)
+    try:
+        m.check()
+        return m.pass_(run_id, every_n, latest, keep_last, progress or _NoProgress())
+    finally:
+        m.close()
+
+
+# ----------------------------------------------------------------------------- restore
+
+
+def restore(src_url: StorageLike, dst_url: StorageLike, run_id: str | None = None,
+            version: int | None = None, src_options: Mapping[str, Any] | None = None,
+            dst_options: Mapping[str, Any] | None = None, *, workers: int = DEFAULT_WORKERS,
+            attempts: int = DEFAULT_ATTEMPTS, base_delay: float = 0.2,
+            progress: Progress | None = None, staging_dir: str | None = None) -> RestoreReport:
+    """Copy runs (or one run, at its newest point or at `version`) from a mirror into `dst_url`.
+
+    Each run is staged in a local temporary directory, verified there by a full load
+    (hash chain, graph, artifact sha256; a newest point that fails falls back to the newest
+    that loads, with a note), then published in the safe order. Afterwards
+    `CheckpointStore(dst_url).load_run(run_id)` returns that state and an agent can resume.
+    The destination must not hold other files of the run (restore into a fresh URL); a
+    restore that was interrupted may simply be run again.
+    """
+    if version is not None and run_id is None:
+        raise ConfigError("--version needs --run: versions are per run")
+    m = _Mirror(src_url, dst_url, src_options=src_options, dst_options=dst_options,
+                workers=workers, attempts=attempts, base_delay=base_delay)
+    prog: Progress = progress or _NoProgress()
+    t0 = time.monotonic()
+    try:
+        m.check()
+        report = RestoreReport(m.src.display_url, m.dst.display_url)
+        ids = _run_ids(m.src, run_id)
+        if not ids:
+            report.errors.append(f"{m.src.display_url} holds no runs to restore")
+        for rid in ids:
+            try:
+                report.runs.append(_restore_run(m, rid, version, prog, staging_dir))
+            except StorageUnavailableError as exc:
+                report.runs.append(RunResult(rid, "incomplete", error=str(exc), missing=[str(exc)]))
+        report.seconds = time.monotonic() - t0
+        report.retries = _retries(m.src, m.dst)
+        return report
+    finally:
+        m.close()
+
+
+def restore_points(src_url: StorageLike, run_id: str,
+                   src_options: Mapping[str, Any] | None = None) -> list[int]:
+    """Versions a restore of `run_id` from this mirror can target (by file names; advisory)."""
+    st = _as_storage(src_url, src_options, 1, 0.0)
+    files, _ = _run_files(st, run_id)
+    chain = _name_chain(files)
+    if not chain:
+        return []
+    return [f.version for f in chain]
+
+
+def _restore_run(m: _Mirror, run_id: str, version: int | None, prog: Progress,
+                 staging_dir: str | None) -> RunResult:
+    files, _ = _run_files(m.src, run_id)
+    res = RunResult(run_id, "restored")
+    if not files:
+        res.status, res.error = "failed", f"run {run_id!r} is not in the mirror"
+        return res
+    res.source_version = max(f.version for f in files)
+    reader = _Reader(m.src, run_id, m.pool)
+    chain = _plan(reader, files, version)
+    if chain is None:
+        res.status = "failed"
+        if version is not None:
+            pts = ", ".join(map(str, [f.version for f in (_name_chain(files) or [])])) or "none"
+            res.error = f"version {version} of run {run_id!r} is not restorable from the mirror " \
+                        f"(restorable versions: {pts})"
+        else:
+            res.error = f"the mirror holds files of run {run_id!r} but no loadable chain"
+        res.missing = reader.problems
+        return res
+    dst_files, dst_keys = _run_files(m.dst, run_id)
+    with tempfile.TemporaryDirectory(prefix="ckptfs-restore-", dir=staging_dir) as tmp:
+        stage = LocalStorage(tmp, tmp, {"fsync": False})
+        # Stage: the chain's files and every artifact it references, each verified by sha256.
+        for f in chain.files:
+            stage.put(f.key, reader.raw[f.key])
+        missing: list[str] = []
+
+        def fetch(ref: ArtifactRef) -> None:
+            try:
+                _stage_artifact(m.src, stage, ref)
+            except (_Missing, FileNotFoundError) as exc:
+                missing.append(str(exc) if isinstance(exc, _Missing) else f"{ref.uri}: missing in the mirror")
+
+        for fut in [m.pool.submit(fetch, r) for r in chain.refs.values()]:
+            fut.result()
+        # Verify: a full load of the staged files, as the agent's resume will do.
+        loaded = _verify_stage(stage, run_id, chain.version, version is not None)
+        if loaded is None:
+            res.status = "failed"
+            res.error = (f"run {run_id!r}: the mirror's files do not load"
+                         + (f" at version {version}" if version is not None else ""))
+            res.missing = missing or reader.problems
+            return res
+        if loaded != chain.version:
+            res.notes.append(f"the mirror's newest point v{chain.version} is incomplete "
+                             f"({'; '.join(missing[:3]) or 'does not validate'}); restored v{loaded}")
+            chain2 = _plan(reader, chain.files, loaded)
+            if chain2 is None:
+                res.status, res.error = "failed", f"run {run_id!r}: could not re-plan v{loaded}"
+                return res
+            chain = chain2
+        res.version, res.snapshot = chain.version, chain.snapshot.version if chain.snapshot else None
+        strays = sorted({f.key for f in dst_files} - {f.key for f in chain.files})
+        if strays:
+            res.status = "conflict"
+            res.error = (f"{m.dst.display_url} already holds {len(strays)} other file(s) of run "
+                         f"{run_id!r} (e.g. {strays[0]}); restore into a fresh URL")
+            return res
+        # Publish: artifacts, records, snapshot last, each skipped if already there, verified.
+        known: set[str] = set()
+        _note_present(m.dst, chain.refs, known)
+        copier = _Copier(m.dst, prog, known)
+        refs = list(chain.refs.values())
+        prog.planned(len(refs) + len(chain.files),
+                     sum(r.size for r in refs) + sum(len(reader.raw[f.key]) for f in chain.files))
+        _gather([m.pool.submit(copier.artifact, stage, r) for r in refs], res, [r.size for r in refs])
+        if res.ok:
+            _gather([m.pool.submit(copier.blob, f.key, reader.raw[f.key], f.key in dst_keys)
+                     for f in chain.records], res, [len(reader.raw[f.key]) for f in chain.records])
+        if res.ok and chain.snapshot is not None:
+            s = chain.snapshot
+            _gather([m.pool.submit(copier.blob, s.key, reader.raw[s.key], s.key in dst_keys)], res,
+                    [len(reader.raw[s.key])])
+        if res.ok and res.copied == 0:
+            res.status = "up-to-date"
+        if res.status == "incomplete":
+            res.status = "failed" if res.copied == 0 and res.skipped == 0 else "incomplete"
+    return res
+
+
+def _stage_artifact(src: Storage, stage: Storage, ref: ArtifactRef) -> None:
+    h = hashlib.sha256()
+    n = 0
+
+    class _Hashing:
+        def __init__(self, f: IO[bytes]) -> None:
+            self.f = f
+
+        def read(self, size: int = -1) -> bytes:
+            nonlocal n
+            b = self.f.read(size)
+            h.update(b)
+            n += len(b)
+            return b
+
+    if ref.size <= _SMALL:
+        data = src.get(ref.uri)
+        h.update(data)
+        n = len(data)
+        if n == ref.size and h.hexdigest() == ref.sha256:
+            stage.put(ref.uri, data)
+    else:
+        with src.open_read(ref.uri) as f:
+            stage.put_stream(ref.uri, _Hashing(f))  # type: ignore[arg-type]
+    if n != ref.size or h.hexdigest() != ref.sha256:
+        stage.delete(ref.uri)
+        raise _Missing(f"{ref.uri}: mirror copy does not match its sha256")
+
+
+def _verify_stage(stage: Storage, run_id: str, target: int, exact: bool) -> int | None:
+    """The version a full load of the staged run reaches (target, or an earlier fallback)."""
+    store = CheckpointStore(storage=stage, policy=CompactionPolicy(background=False, keep_last=0))
+    try:
+        if store.load_run(run_id, version=target) is not None:
+            return target
+    except (CheckpointCorruptError, VersionNotFoundError, CorruptFileError) as exc:
+        logger.warning("run %s: staged v%d does not load: %s", run_id, target, exc)
+    if exact:
+        return None
+    try:
+        run = store.load_run(run_id, resolve_artifacts=True)
+    except (CheckpointCorruptError, CorruptFileError) as exc:
+        logger.warning("run %s: no staged version loads: %s", run_id, exc)
+        return None
+    if run is None or store.last_load is None:
+        return None
+    return store.last_load.version
+
+
+# ----------------------------------------------------------------------------- the job
+
+
+def _to_seconds(interval: float | timedelta | None) -> float | None:
+    if interval is None:
+        return None
+    s = interval.total_seconds() if isinstance(interval, timedelta) else float(interval)
+    if s <= 0:
+        raise ConfigError(f"mirror interval must be positive, got {s}s")
+    return s
+
+
+class MirrorJob:
+    """Mirror passes on a schedule (APScheduler 3) and on demand, never two at once.
+
+    interval (seconds or timedelta) or cron (a crontab expression) sets the schedule; both
+    None means passes run only when triggered. The scheduler job has max_instances=1,
+    coalesce=True and `misfire_grace_time`, and every pass also holds one lock, so a tick
+    or trigger that arrives while a pass runs is folded into one more pass afterwards.
+
+    The agent calls `notify(run_id, version)` (or the callable from `step_trigger(n)`) after
+    each commit: it returns at once, and when the run crossed a multiple of N it schedules a
+    pass that mirrors that run's newest version. It never blocks the agent's commits.
+    """
+
+    JOB_ID = "ckptfs-mirror"
+
+    def __init__(self, src_url: StorageLike, dst_url: StorageLike, *, every_n: int = 10,
+                 interval: float | timedelta | None = None, cron: str | None = None,
+                 keep_last: int | None = None, latest: bool = False,
+                 src_options: Mapping[str, Any] | None = None,
+                 dst_options: Mapping[str, Any] | None = None, misfire_grace_time: int = 60,
+                 workers: int = DEFAULT_WORKERS, attempts: int = DEFAULT_ATTEMPTS,
+                 base_delay: float = 0.2, on_report: Callable[[MirrorReport], None] | None = None,
+                 timezone: str = "UTC") -> None:
+        if every_n < 1:
+            raise ConfigError(f"every_n must be >= 1, got {every_n}")
+        if interval is not None and cron is not None:
+            raise ConfigError("give a mirror interval or a cron expression, not both")
+        self.every_n = every_n
+        self.interval = _to_seconds(interval)
+        self.cron = cron
+        self.keep_last = keep_last
+        self.latest = latest
+        self.on_report = on_report
+        self.misfire_grace_time = misfire_grace_time
+        self._trigger: Any = None
+        if cron is not None:
+            from apscheduler.triggers.cron import CronTrigger
+
+            try:
+                self._trigger = CronTrigger.from_crontab(cron, timezone=timezone)
+            except ValueError as exc:
+                raise ConfigError(f"bad cron expression {cron!r}: {exc}") from None
+        elif self.interval is not None:
+            from apscheduler.triggers.interval import IntervalTrigger
+
+            self._trigger = IntervalTrigger(seconds=self.interval, timezone=timezone)
+        self._timezone = timezone
+        self._m = _Mirror(src_url, dst_url, src_options=src_options, dst_options=dst_options,
+                          workers=workers, attempts=attempts, base_delay=base_delay)
+        self._pass_lock = threading.Lock()
+        self._state = threading.Lock()
+        self._tick_pending = False
+        self._runs_pending: set[str] = set()
+        self._seen: dict[str, int] = {}
+        self._scheduler: Any = None
+        self._wake = threading.Event()
+        self._closing = False
+        self._worker: threading.Thread | None = None
+        self.passes = 0
+        self.overlaps = 0  # ticks/triggers that found a pass running and were folded into it
+        self.last_report: MirrorReport | None = None
+        self.errors = 0
+
+    # -- lifecycle
+    def start(self) -> MirrorJob:
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        self._m.check()
+        self._scheduler = BackgroundScheduler(
+            timezone=self._timezone,
+            job_defaults={"max_instances": 1, "coalesce": True,
+                          "misfire_grace_time": self.misfire_grace_time})
+        if self._trigger is not None:
+            self._scheduler.add_job(self.tick, self._trigger, id=self.JOB_ID, name="ckptfs mirror")
+        self._scheduler.start()
+        self._closing = False
+        self._worker = threading.Thread(target=self._worker_loop, name="ckptfs-mirror-job",
+                                        daemon=True)
+        self._worker.start()
+        with self._state:
+            pending = bool(self._runs_pending)
+        if pending:
+            self._schedule_now()
+        return self
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop scheduling; with `wait`, let a running pass finish (it is never torn anyway)."""
+        self._closing = True
+        self._wake.set()
+        if self._worker is not None:
+            if wait:
+                self._worker.join()
+            self._worker = None
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=wait)
+            self._scheduler = None
+        self._m.close()
+
+    def __enter__(self) -> MirrorJob:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    @property
+    def src_display(self) -> str:
+        return self._m.src.display_url
+
+    @property
+    def dst_display(self) -> str:
+        return self._m.dst.display_url
+
+    @property
+    def scheduler(self) -> Any:
+        """The APScheduler BackgroundScheduler (None before start), for pause/resume/inspection."""
+        return self._scheduler
+
+    # -- triggers
+    def tick(self) -> MirrorReport | None:
+        """One scheduled pass over every run (the every_n rule); folded if one is running."""
+        with self._state:
+            self._tick_pending = True
+        return self._drain()
+
+    def notify(self, run_id: str, version: int) -> bool:
+        """Tell the job a run committed `version`; True if that crossed a multiple of every_n."""
+        with self._state:
+            last = self._seen.get(run_id, 0)
+            self._seen[run_id] = max(last, version)
+            crossed = version // self.every_n > last // self.every_n
+            if crossed:
+                self._runs_pending.add(run_id)
+        if crossed:
+            self._schedule_now()
+        return crossed
+
+    def step_trigger(self, every_n: int | None = None) -> Callable[[str, int], bool]:
+        """A callable for the agent's checkpoint path: (run_id, version) -> scheduled?"""
+        n = every_n or self.every_n
+        if n < 1:
+            raise ConfigError(f"every_n must be >= 1, got {n}")
+        seen: dict[str, int] = {}
+        lock = threading.Lock()
+
+        def trigger(run_id: str, version: int) -> bool:
+            with lock:
+                last = seen.get(run_id, 0)
+                seen[run_id] = max(last, version)
+                if version // n <= last // n:
+                    return False
+            with self._state:
+                self._runs_pending.add(run_id)
+            self._schedule_now()
+            return True
+
+        return trigger
+
+    def _schedule_now(self) -> None:
+        """Wake the job's own worker; never touches the scheduler's locks (no deadlock at exit)."""
+        self._wake.set()
+
+    def _worker_loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._closing:
+                return
+            try:
+                self._drain()
+            except Exception:  # _one_pass logs; keep the worker alive
+                logger.exception("mirror worker")
+
+    def run_now(self) -> MirrorReport | None:
+        """A pass right here, in the caller's thread (None if one is running: it is folded)."""
+        return self.tick()
+
+    # -- the pass
+    def _drain(self) -> MirrorReport | None:
+        """One pass over what is pending; work that arrives meanwhile gets a pass of its own.
+
+        Callers record their work before trying the lock, and the holder looks for new work
+        only after releasing it, so a trigger is never lost between the two; one pass per
+        call keeps every thread (the caller's, the scheduler's) from being held in a loop.
+        """
+        if not self._pass_lock.acquire(blocking=False):
+            with self._state:
+                self.overlaps += 1
+            return None
+        report: MirrorReport | None = None
+        try:
+            with self._state:
+                tick, runs = self._tick_pending, sorted(self._runs_pending)
+                self._tick_pending = False
+                self._runs_pending.clear()
+            if tick or runs:
+                report = self._one_pass(tick, runs)
+        finally:
+            self._pass_lock.release()
+        with self._state:
+            more = self._tick_pending or bool(self._runs_pending)
+        if more and not self._closing:
+            self._schedule_now()
+        return report
+
+    def _one_pass(self, tick: bool, runs: list[str]) -> MirrorReport | None:
+        try:
+            report: MirrorReport | None = None
+            if runs:
+                report = self._m.pass_(runs, self.every_n, True, self.keep_last, _NoProgress())
+            if tick:
+                full = self._m.pass_(None, self.every_n, self.latest, self.keep_last, _NoProgress())
+                if report is not None:
+                    done = {r.run_id for r in report.runs}
+                    full.runs = report.runs + [r for r in full.runs if r.run_id not in done]
+                    full.seconds += report.seconds
+                    full.retries += report.retries
+                report = full
+        except Exception:
+            self.errors += 1
+            logger.exception("mirror pass failed; the next tick tries again")
+            return None
+        self.passes += 1
+        self.last_report = report
+        if report is not None:
+            if not report.ok:
+                logger.warning("mirror pass incomplete: %s", "; ".join(report.missing[:3]))
+            if self.on_report is not None:
+                self.on_report(report)
+        return report
+

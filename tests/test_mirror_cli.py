@@ -1,0 +1,79 @@
+"""`ckptfs mirror` / `ckptfs restore` end to end over the moto server: output, JSON, exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from test_mirror import POLICY, RUN, work
+
+from backends.s3.embedded import EmbeddedS3, free_port
+from ckptfs import CheckpointStore
+from ckptfs.cli import main
+from ckptfs.config import ENV_VARS
+
+
+@pytest.fixture(autouse=True)
+def _no_ambient_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for var in [*ENV_VARS, "CKPTFS_CONFIG"]:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)  # no config/ckptfs.toml here
+
+
+def test_mirror_and_restore_commands(tmp_path: Path, s3: EmbeddedS3, s3_url: str,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    src = str(tmp_path / "src")
+    store = CheckpointStore(src, policy=POLICY, artifact_threshold=1024)
+    work(store, RUN, 20)
+    ep = ["--mirror-option", f"client_kwargs.endpoint_url={s3.endpoint}"]
+    assert main(["mirror", src, s3_url, "--every-n", "5", "--keep-last", "2", "--json", *ep]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["ok"] and doc["runs"][0]["status"] == "mirrored" and doc["copied"] > 0
+    assert main(["mirror", src, s3_url, "--once", *ep]) == 0
+    out, err = capsys.readouterr()
+    assert "up-to-date" in out and "objects" in err  # table on stdout, progress on stderr
+    dst = str(tmp_path / "restored")
+    assert main(["restore", s3_url, dst, "--run", RUN, "--json", *ep]) == 0
+    rdoc = json.loads(capsys.readouterr().out)
+    assert rdoc["ok"] and rdoc["runs"][0]["status"] == "restored"
+    assert CheckpointStore(dst).load_run(RUN) == store.load_run(RUN)
+    # a version the mirror cannot give: exit 1, and the restorable versions are named
+    assert main(["restore", s3_url, str(tmp_path / "x"), "--run", RUN, "--version", "2", "--json",
+                 *ep]) == 1
+    bad = json.loads(capsys.readouterr().out)
+    assert not bad["ok"] and "restorable versions" in bad["runs"][0]["error"]
+
+
+def test_usage_errors_and_unreachable_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = str(tmp_path / "src")
+    assert main(["mirror", src]) == 2
+    assert "no mirror destination" in capsys.readouterr().err
+    assert main(["restore", "memory://m", src, "--version", "3"]) == 2
+    assert "--version needs --run" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["mirror", src, "memory://m", "--every-n", "0"])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["mirror", src, "memory://m", "--interval", "5m", "--cron", "* * * * *"])
+    assert exc.value.code == 2
+    assert main(["mirror", src, "memory://m", "--interval", "soon"]) == 2
+    port = free_port()
+    code = main(["mirror", src, "s3://ckptfs-x/m", "--attempts", "1", "--no-progress",
+                 "--mirror-option", f"client_kwargs.endpoint_url=http://127.0.0.1:{port}",
+                 "--mirror-option", "config_kwargs.retries.max_attempts=1"])
+    assert code == 2
+    assert "s3://ckptfs-x/m" in capsys.readouterr().err.replace("\n", "")
+    assert main(["mirror", src, "memory://m", "--mirror-option", "novalue"]) == 2
+    assert "--mirror-option must be KEY=VALUE" in capsys.readouterr().err
+
+
+def test_mirror_defaults_come_from_the_config_file(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    src = str(tmp_path / "src")
+    work(CheckpointStore(src, policy=POLICY, artifact_threshold=1024), RUN, 6)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[store]\nurl = "{src}"\n[mirror]\nurl = "{tmp_path / "m"}"\nevery_n = 1\n')
+    assert main(["mirror", "--config", str(cfg), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["runs"][0]["status"] == "mirrored"
+    assert CheckpointStore(str(tmp_path / "m")).load_run(RUN) is not None

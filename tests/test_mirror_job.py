@@ -1,0 +1,152 @@
+"""MirrorJob on APScheduler 3: one pass at a time, missed ticks coalesce, a non-blocking step trigger."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_mirror import POLICY, Recording, work
+
+from ckptfs import CheckpointStore
+from ckptfs.errors import ConfigError
+from ckptfs.mirror import MirrorJob
+from ckptfs.storage import open_storage
+
+RUN = "paper-run"
+
+
+class _Watch:
+    """Wraps the job's pass to count passes and the most that ever ran at once."""
+
+    def __init__(self, job: MirrorJob, hold: float) -> None:
+        self.active = 0
+        self.max_active = 0
+        self.calls = 0
+        self._lock = threading.Lock()
+        real = job._m.pass_
+
+        def watched(*args: Any, **kw: Any) -> Any:
+            with self._lock:
+                self.active += 1
+                self.calls += 1
+                self.max_active = max(self.max_active, self.active)
+            try:
+                time.sleep(hold)
+                return real(*args, **kw)
+            finally:
+                with self._lock:
+                    self.active -= 1
+
+        job._m.pass_ = watched  # type: ignore[method-assign]
+
+
+def _source(tmp_path: Path, steps: int = 6) -> tuple[str, CheckpointStore]:
+    src = str(tmp_path / "src")
+    store = CheckpointStore(src, policy=POLICY, artifact_threshold=1024)
+    work(store, RUN, 40, stop_after=steps)
+    return src, store
+
+
+def test_overlapping_ticks_and_triggers_never_run_two_mirrors_at_once(
+        tmp_path: Path, memory_url: str) -> None:
+    src, store = _source(tmp_path)
+    job = MirrorJob(src, memory_url, every_n=1, interval=0.05, misfire_grace_time=5)
+    watch = _Watch(job, hold=0.15)
+    job.start()
+    try:
+        stop = time.monotonic() + 1.2
+        fire = job.step_trigger(1)
+
+        def hammer(k: int) -> None:
+            v = 0
+            while time.monotonic() < stop:
+                job.tick()
+                v += 1
+                fire(RUN, v * 10 + k)
+                time.sleep(0.01)
+
+        threads = [threading.Thread(target=hammer, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        job.shutdown(wait=True)
+    assert watch.max_active == 1
+    assert watch.calls >= 2 and job.overlaps > 0
+    assert CheckpointStore(memory_url).load_run(RUN) == store.load_run(RUN)
+
+
+def test_missed_ticks_coalesce_into_one_pass(tmp_path: Path, memory_url: str) -> None:
+    src, _ = _source(tmp_path)
+    job = MirrorJob(src, memory_url, every_n=1, interval=1.0, misfire_grace_time=30)
+    watch = _Watch(job, hold=0.0)
+    job.start()
+    try:
+        job.scheduler.pause()  # the process is busy / asleep: ticks at +1s, +2s, +3s are missed
+        time.sleep(3.4)
+        assert watch.calls == 0
+        job.scheduler.resume()
+        time.sleep(0.35)  # before the next tick (+4s)
+        assert watch.calls == 1  # three missed ticks ran once
+    finally:
+        job.shutdown(wait=True)
+    assert job.passes == 1 and job.last_report is not None and job.last_report.ok
+
+
+def test_step_trigger_mirrors_at_multiples_of_n_without_blocking_the_agent(
+        tmp_path: Path, memory_url: str) -> None:
+    src, store = _source(tmp_path, steps=1)
+    gate = threading.Event()
+
+    class Gated(Recording):
+        def put_if_absent(self, key: str, data: bytes) -> str:
+            gate.wait(10)
+            return super().put_if_absent(key, data)
+
+    dst = Gated(open_storage(memory_url))
+    reports: list[Any] = []
+    job = MirrorJob(src, dst, every_n=5, on_report=reports.append).start()
+    try:
+        trigger = job.step_trigger()
+        fired = []
+        for _ in range(4):  # the agent commits; after each commit it calls the hook
+            run = work(store, RUN, 40, stop_after=1)
+            version = store.list_versions(RUN)[-1]
+            fired.append(trigger(run.run_id, version))
+        assert any(fired) and not all(fired)  # only when a multiple of 5 was crossed
+        assert not reports  # the pass is stuck on the closed gate, yet every hook returned
+        gate.set()
+        deadline = time.monotonic() + 10
+        while not reports and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        gate.set()
+        job.shutdown(wait=True)
+    assert reports and reports[0].ok and reports[0].runs[0].status == "mirrored"
+    mirrored = CheckpointStore(memory_url).load_run(RUN)
+    assert mirrored is not None and mirrored.completed_count >= 2
+
+
+def test_notify_counts_crossings_per_run(tmp_path: Path, memory_url: str) -> None:
+    src, _ = _source(tmp_path, steps=1)
+    job = MirrorJob(src, memory_url, every_n=10)  # not started: nothing runs, crossings are decided
+    assert [job.notify("a", v) for v in (3, 9, 10, 11, 19, 23, 23)] == [
+        False, False, True, False, False, True, False]
+    assert job.notify("b", 10) is True
+    job.shutdown()
+
+
+def test_job_settings_are_validated(tmp_path: Path, memory_url: str) -> None:
+    src = str(tmp_path / "src")
+    with pytest.raises(ConfigError, match="not both"):
+        MirrorJob(src, memory_url, interval=5, cron="*/5 * * * *")
+    with pytest.raises(ConfigError, match="cron"):
+        MirrorJob(src, memory_url, cron="every tuesday")
+    with pytest.raises(ConfigError, match="every_n"):
+        MirrorJob(src, memory_url, every_n=0)
+    with pytest.raises(ConfigError, match="positive"):
+        MirrorJob(src, memory_url, interval=0)
