@@ -11,6 +11,7 @@ from ckptfs.agent import (
     RunStoppedError,
     StepResult,
 )
+from ckptfs.config import Settings, load_settings
 from ckptfs.errors import (
     CheckpointCorruptError,
     CkptfsError,
@@ -24,10 +25,12 @@ from ckptfs.errors import (
     VersionNotFoundError,
 )
 from ckptfs.integrity import Finding, Report, verify
+from ckptfs.mirror import MirrorJob, MirrorReport, RestoreReport, mirror, restore, restore_points
 from ckptfs.models import AgentRun, ArtifactRef, Step, StepStatus, ToolCall
 from ckptfs.policy import CheckpointPolicy, RetryPolicy
 from ckptfs.prune import PruneReport, prune
 from ckptfs.resume import ResumeBrief
+from ckptfs.retry import RetryingStorage
 from ckptfs.storage import Capabilities, Storage, open_storage
 from ckptfs.store import CheckpointStore, CompactionPolicy, RetentionResult
 from ckptfs.tools import Done, IdempotentToolRunner, UnconfirmedActionError, cache_key
@@ -62,14 +65,19 @@ __all__ = [
     "Finding",
     "IdempotentToolRunner",
     "InvalidIdError",
+    "MirrorJob",
+    "MirrorReport",
     "ProgressEvent",
     "PruneReport",
     "Report",
+    "RestoreReport",
     "ResumeBrief",
     "RetentionResult",
     "RetriesExhaustedError",
     "RetryPolicy",
+    "RetryingStorage",
     "RunStoppedError",
+    "Settings",
     "Step",
     "StepResult",
     "StepStatus",
@@ -81,7 +89,11 @@ __all__ = [
     "VersionNotFoundError",
     "__version__",
     "cache_key",
+    "load_settings",
+    "mirror",
     "open_storage",
     "prune",
+    "restore",
+    "restore_points",
     "verify",
 ]
