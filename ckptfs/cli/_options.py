@@ -56,18 +56,33 @@ def storage_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
         if not isinstance(loaded, dict):
             raise CliError(f"${ENV_VAR} must be a JSON object")
         opts.update(loaded)
-    for item in getattr(args, "storage_option", None) or []:
+    return merge_options(opts, parse_items(getattr(args, "storage_option", None) or [],
+                                           "--storage-option"))
+
+
+def parse_items(items: list[str], flag: str) -> dict[str, Any]:
+    """KEY=VALUE items into a nested dict (dotted keys nest); errors name the key, never a value."""
+    opts: dict[str, Any] = {}
+    for item in items:
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key or any(not p for p in key.split(".")):
             shown = key if sep else "(no '=')"
-            raise CliError(f"--storage-option must be KEY=VALUE; got a malformed option: {shown}")
+            raise CliError(f"{flag} must be KEY=VALUE; got a malformed option: {shown}")
         parts = key.split(".")
         target = opts
         for p in parts[:-1]:
             nxt = target.setdefault(p, {})
             if not isinstance(nxt, dict):
-                raise CliError(f"--storage-option {key}: {p!r} is already a plain value")
+                raise CliError(f"{flag} {key}: {p!r} is already a plain value")
             target = nxt
         target[parts[-1]] = _value(parts[-1], raw)
     return opts
+
+
+def merge_options(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` applied on `base`, nested dicts merged key by key."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge_options(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import signal
 import threading
 from collections.abc import Iterator
@@ -31,7 +30,7 @@ from rich.progress import (
 from rich.table import Table
 
 from ckptfs.cli._common import EXIT_OK, EXIT_PROBLEMS, CliError, console, console_err, emit_json
-from ckptfs.cli._options import add_storage_args, storage_options_from_args
+from ckptfs.cli._options import add_storage_args, merge_options, parse_items, storage_options_from_args
 from ckptfs.config import Settings, load_settings, parse_duration
 from ckptfs.errors import ConfigError
 from ckptfs.mirror import MirrorJob, TransferReport, mirror, restore
@@ -40,54 +39,16 @@ from ckptfs.storage import redact_options
 MIRROR_OPTIONS_ENV = "CKPTFS_MIRROR_STORAGE_OPTIONS"
 
 
-_LITERALS: dict[str, Any] = {"true": True, "false": False, "null": None}
-
-
-def _value(key: str, raw: str) -> Any:
-    """true/false/null and plain numbers become values, except under secret-looking keys."""
-    if raw in _LITERALS:
-        return _LITERALS[raw]
-    if re.fullmatch(r"-?\d+(?:\.\d+)?", raw) and redact_options({key: "x"})[key] != "***":
-        return float(raw) if "." in raw else int(raw)
-    return raw
-
-
-def _parse_items(items: list[str], flag: str) -> dict[str, Any]:
-    """KEY=VALUE items, dotted keys nesting, read by the same rules as `--storage-option`."""
-    opts: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep or not key or any(not p for p in key.split(".")):
-            raise CliError(f"{flag} must be KEY=VALUE; got a malformed option: {key if sep else '(no =)'}")
-        parts = key.split(".")
-        target = opts
-        for p in parts[:-1]:
-            nxt = target.setdefault(p, {})
-            if not isinstance(nxt, dict):
-                raise CliError(f"{flag} {key}: {p!r} is already a plain value")
-            target = nxt
-        target[parts[-1]] = _value(parts[-1], raw)
-    return opts
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def _settings(args: argparse.Namespace) -> Settings:
     return load_settings(args.config)
 
 
 def _store_options(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
-    return _merge(settings.store.options, storage_options_from_args(args))
+    return merge_options(settings.store.options, storage_options_from_args(args))
 
 
 def _mirror_options(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
-    return _merge(settings.mirror.options, _parse_items(args.mirror_option, "--mirror-option"))
+    return merge_options(settings.mirror.options, parse_items(args.mirror_option, "--mirror-option"))
 
 
 class _Bars:
@@ -252,7 +213,7 @@ def _cmd_config_show(args: argparse.Namespace) -> int:
     doc = settings.redacted()
     store_cli = storage_options_from_args(args)
     if store_cli:
-        doc["store"]["options"] = redact_options(_merge(settings.store.options, store_cli))
+        doc["store"]["options"] = redact_options(merge_options(settings.store.options, store_cli))
     if args.check:
         settings.check()
     if args.json:
