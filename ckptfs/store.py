@@ -22,6 +22,7 @@ from __future__ import annotations
 import atexit
 import bisect
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -172,6 +173,8 @@ class _RunCompaction:
 class _Compactor:
     """Merges journal records into deltas and snapshots from memory, off the commit path."""
 
+    IDLE_EXIT_SECONDS = 10.0
+
     def __init__(self, store: CheckpointStore) -> None:
         self._store = weakref.ref(store)
         self._policy = store.policy
@@ -185,12 +188,12 @@ class _Compactor:
         if not self._policy.background:
             self._handle(kind, payload)
             return
-        with self._lock:
+        with self._lock:  # enqueue under the lock the idle thread checks before it exits
+            self._queue.put((kind, payload))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="ckptfs-compactor",
                                                 daemon=True)
                 self._thread.start()
-        self._queue.put((kind, payload))
 
     def flush(self, timeout: float | None = None) -> bool:
         if self._thread is None:
@@ -208,8 +211,16 @@ class _Compactor:
             self._thread.join(timeout=30)
 
     def _loop(self) -> None:
+        """Work the queue; exit after a quiet spell so idle stores hold no thread."""
         while True:
-            item = self._queue.get()
+            try:
+                item = self._queue.get(timeout=self.IDLE_EXIT_SECONDS)
+            except queue.Empty:
+                with self._lock:
+                    if self._queue.empty():
+                        self._thread = None
+                        return
+                continue
             try:
                 if item is None:
                     return
@@ -303,12 +314,12 @@ class CheckpointStore:
     ) -> None:
         self.storage = storage if storage is not None else open_storage(url, storage_options)
         self.url = self.storage.display_url
-        base_policy = policy or CompactionPolicy()
-        if policy is None or keep_last != 3:
-            base_policy = CompactionPolicy(base_policy.fanout, base_policy.max_plan,
-                                           base_policy.min_snapshot_bytes, keep_last,
-                                           base_policy.background)
-        self.policy = base_policy
+        # `keep_last` is the seed-friendly spelling; an explicit policy wins unless both are given.
+        if policy is None:
+            policy = CompactionPolicy(keep_last=keep_last)
+        elif keep_last != CompactionPolicy.keep_last:
+            policy = dataclasses.replace(policy, keep_last=keep_last)
+        self.policy = policy
         self.artifact_threshold = artifact_threshold
         self.max_decoded_bytes = max_decoded_bytes
         self.compression_level = compression_level

@@ -275,3 +275,28 @@ def test_nothing_ever_silently_starts_from_scratch(tmp_path: Any, caplog: Any) -
         CheckpointStore(str(tmp_path)).load_run("run-1")
     with pytest.raises(CheckpointCorruptError):  # and no new write on top of the wreck either
         CheckpointStore(str(tmp_path)).save_run(make_run(5))
+
+
+def test_idle_compactor_threads_exit_and_restart(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    import time
+
+    from ckptfs.store import _Compactor
+
+    monkeypatch.setattr(_Compactor, "IDLE_EXIT_SECONDS", 0.2)
+
+    def compactors() -> int:
+        return sum(t.name == "ckptfs-compactor" for t in threading.enumerate())
+
+    base = compactors()
+    stores = [CheckpointStore(f"memory://idle-{i}-{id(monkeypatch)}") for i in range(10)]
+    for st in stores:
+        st.save_run(make_run(3))
+    assert compactors() >= base + 1
+    deadline = time.monotonic() + 5
+    while compactors() > base and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert compactors() == base  # idle stores hold no thread
+    run = make_run(3, run_id="again")
+    stores[0].save_run(run)
+    assert stores[0].flush(timeout=5) and stores[0].load_run("again") == run
