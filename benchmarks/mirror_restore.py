@@ -129,14 +129,16 @@ def main(argv: list[str] | None = None) -> int:
             ("plain s3fs put (same objects)", up, "", ""),
             ("mirror, first pass", first, f"{first / up:.2f}x plain up", "<= 1.50x"),
             ("mirror, second pass (nothing new)", second, f"{second / first:.1%} of first", "<= 10%"),
-            ("plain s3fs get (same objects)", down, "", ""),
-            ("restore (stage, verify, publish)", rest, f"{rest / down:.2f}x plain down", "<= 1.50x"),
+            ("plain s3fs get (same objects, no fsync)", down, "", ""),
+            ("restore (verify, publish + fsync)", rest, f"{rest / down:.2f}x plain down", "<= 1.50x"),
         ]
         print(f"run: {args.steps:,} steps, head version {head:,}, built in {built:.1f}s; mirrored "
               f"point: {len(keys)} objects, {nbytes:,} bytes (best of {args.repeat})")
-        print(f"{'operation':<36} {'seconds':>8}  {'ratio':<20} {'target':<8}")
+        print(f"{'operation':<40} {'seconds':>8}  {'ratio':<20} {'target':<8}")
         for name, secs, ratio, target in rows:
-            print(f"{name:<36} {secs:>8.3f}  {ratio:<20} {target:<8}")
+            print(f"{name:<40} {secs:>8.3f}  {ratio:<20} {target:<8}")
+        print("restore publishes durably (fsync of every file and its directory); the plain get "
+              "does not fsync, so the down ratio includes that cost")
         ok = first <= 1.5 * up and second <= 0.10 * first and rest <= 1.5 * down
         print("targets met" if ok else "TARGETS MISSED")
         return 0 if ok else 1

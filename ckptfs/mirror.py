@@ -26,9 +26,13 @@ another lineage (a run restored and continued elsewhere): reported as a conflict
 overwritten. An upload counts once verified: the returned ETag equals the body's MD5 (S3
 single-part) or sha256 (memory), else the stored size is read back.
 
-Restore copies a point from a mirror into a fresh URL: it stages the files in a local
-temporary directory, verifies them by loading the run there (hashes, chain, graph, artifact
-sha256), and only then publishes into the destination in the same safe order. `MirrorJob`
+Restore copies a point from a mirror into a fresh URL: it stages the files (in memory; big
+artifacts in a local temporary directory), verifies them by a full load of the run there
+(hashes, chain, graph, artifact sha256; the records the planner decoded are not parsed a
+second time), and only then publishes into the destination in the same safe order.
+
+Requests are what a pass costs: one LIST of the destination's artifacts tells which are
+present (skipped) and which are absent (created exclusively, with no HEAD first). `MirrorJob`
 runs passes on APScheduler 3 (interval or cron, one at a time, missed ticks coalesced) and
 offers the agent a non-blocking step trigger.
 """
@@ -38,6 +42,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import hashlib
+import io
 import logging
 import tempfile
 import threading
@@ -59,7 +64,7 @@ from ckptfs.errors import (
 from ckptfs.layout import ARTIFACTS, RUNS, RunFile, parse_artifact_key, parse_run_key, run_prefix
 from ckptfs.models import ArtifactRef, validate_id
 from ckptfs.retry import RetryingStorage
-from ckptfs.storage import LocalStorage, Storage, open_storage
+from ckptfs.storage import Capabilities, Keys, LocalStorage, Storage, check_key, open_storage
 from ckptfs.store import CheckpointStore, CompactionPolicy
 
 logger = logging.getLogger(__name__)
@@ -247,21 +252,34 @@ def _chain_end(chain: list[RunFile] | None) -> int:
 
 
 def _collect_refs(body: Any, out: dict[str, ArtifactRef]) -> None:
-    """Every artifact a record points at: `$refs` entries and ArtifactRefs kept in user data."""
+    """Every artifact a record points at: `$refs` entries and ArtifactRefs kept in user data.
+
+    A snapshot of a long run is tens of thousands of small dicts, so the walk stays lean:
+    exact type checks, and the three-key test only on dicts that have a "sha256" key.
+    """
     stack = [body]
+    pop, push = stack.pop, stack.append
     while stack:
-        o = stack.pop()
-        if isinstance(o, dict):
-            uri, sha, size = o.get("uri"), o.get("sha256"), o.get("size")
-            if (isinstance(uri, str) and isinstance(sha, str) and isinstance(size, int)
-                    and parse_artifact_key(uri) == sha):
-                if uri not in out:
-                    out[uri] = ArtifactRef.model_validate(
-                        {k: o[k] for k in ("uri", "sha256", "size", "media_type", "summary") if k in o})
-                continue
-            stack.extend(v for v in o.values() if isinstance(v, dict | list))
-        elif isinstance(o, list):
-            stack.extend(v for v in o if isinstance(v, dict | list))
+        o = pop()
+        if type(o) is dict:
+            if "sha256" in o:
+                uri, sha, size = o.get("uri"), o["sha256"], o.get("size")
+                if (isinstance(uri, str) and isinstance(sha, str) and isinstance(size, int)
+                        and parse_artifact_key(uri) == sha):
+                    if uri not in out:
+                        out[uri] = ArtifactRef.model_validate(
+                            {k: o[k] for k in ("uri", "sha256", "size", "media_type", "summary")
+                             if k in o})
+                    continue
+            for v in o.values():
+                t = type(v)
+                if t is dict or t is list:
+                    push(v)
+        elif type(o) is list:
+            for v in o:
+                t = type(v)
+                if t is dict or t is list:
+                    push(v)
 
 
 class _Reader:
@@ -386,10 +404,12 @@ def _verify_etag(etag: str, data: bytes) -> bool | None:
 class _Copier:
     """Copies immutable objects into a destination: skip same content, verify, never overwrite."""
 
-    def __init__(self, dst: Storage, progress: Progress, known: set[str]) -> None:
+    def __init__(self, dst: Storage, progress: Progress, known: set[str],
+                 absent: frozenset[str] = frozenset()) -> None:
         self.dst = dst
         self.progress = progress
         self.known = known  # artifact keys verified present at dst (kept across passes)
+        self.absent = absent  # artifact keys this pass's listing of dst did not show
         self._lock = threading.Lock()
 
     def _same(self, key: str, data: bytes) -> bool:
@@ -430,10 +450,15 @@ class _Copier:
         if key in self.known:
             self.progress.done(key, ref.size, True)
             return False
-        try:
-            have = self.dst.size(key)
-        except FileNotFoundError:
+        if key in self.absent:
+            # The listing just said no: skip the HEAD (on a loopback server it costs what the
+            # PUT does). The exclusive create below still refuses anything that landed since.
             have = -1
+        else:
+            try:
+                have = self.dst.size(key)
+            except FileNotFoundError:
+                have = -1
         if have == ref.size:
             with self._lock:
                 self.known.add(key)
@@ -482,16 +507,19 @@ class _Copier:
             raise _Missing(f"{ref.uri}: upload did not verify (size differs)")
 
 
-def _note_present(dst: Storage, refs: Mapping[str, ArtifactRef], known: set[str]) -> None:
-    """Add the needed artifacts a listing of the destination shows to `known`.
+def _note_present(dst: Storage, refs: Mapping[str, ArtifactRef], known: set[str]) -> frozenset[str]:
+    """Add the needed artifacts a listing of the destination shows to `known`; return the rest.
 
     A listed artifact key is its content (content-addressed, written whole), so for many
-    artifacts one paginated LIST replaces a HEAD per artifact.
+    artifacts one paginated LIST replaces a HEAD per artifact, both for those it shows
+    (present) and for those it does not (absent: they are created exclusively, no HEAD).
     """
     todo = [k for k in refs if k not in known]
     if len(todo) > _LIST_OVER:
         listed = set(dst.list(ARTIFACTS))
         known.update(k for k in todo if k in listed)
+        return frozenset(k for k in todo if k not in listed)
+    return frozenset()
 
 
 def _as_storage(target: StorageLike, options: Mapping[str, Any] | None, attempts: int,
@@ -614,8 +642,8 @@ class _Mirror:
             return res
         res.source_version = chain.version
         res.snapshot = chain.snapshot.version if chain.snapshot else None
-        _note_present(self.dst, chain.refs, self.known)
-        copier = _Copier(self.dst, progress, self.known)
+        absent = _note_present(self.dst, chain.refs, self.known)
+        copier = _Copier(self.dst, progress, self.known, absent)
         files = chain.files
         nbytes = sum(r.size for r in chain.refs.values()) + sum(len(reader.raw[f.key]) for f in files)
         progress.planned(len(chain.refs) + len(files), nbytes)
@@ -760,8 +788,7 @@ def _restore_run(m: _Mirror, run_id: str, version: int | None, prog: Progress,
         res.missing = reader.problems
         return res
     dst_files, dst_keys = _run_files(m.dst, run_id)
-    with tempfile.TemporaryDirectory(prefix="ckptfs-restore-", dir=staging_dir) as tmp:
-        stage = LocalStorage(tmp, tmp, {"fsync": False})
+    with _Stage(staging_dir) as stage:
         # Stage: the chain's files and every artifact it references, each verified by sha256.
         for f in chain.files:
             stage.put(f.key, reader.raw[f.key])
@@ -776,7 +803,7 @@ def _restore_run(m: _Mirror, run_id: str, version: int | None, prog: Progress,
         for fut in [m.pool.submit(fetch, r) for r in chain.refs.values()]:
             fut.result()
         # Verify: a full load of the staged files, as the agent's resume will do.
-        loaded = _verify_stage(stage, run_id, chain.version, version is not None)
+        loaded = _verify_stage(stage, reader, run_id, chain.version, version is not None)
         if loaded is None:
             res.status = "failed"
             res.error = (f"run {run_id!r}: the mirror's files do not load"
@@ -800,8 +827,8 @@ def _restore_run(m: _Mirror, run_id: str, version: int | None, prog: Progress,
             return res
         # Publish: artifacts, records, snapshot last, each skipped if already there, verified.
         known: set[str] = set()
-        _note_present(m.dst, chain.refs, known)
-        copier = _Copier(m.dst, prog, known)
+        absent = _note_present(m.dst, chain.refs, known)
+        copier = _Copier(m.dst, prog, known, absent)
         refs = list(chain.refs.values())
         prog.planned(len(refs) + len(chain.files),
                      sum(r.size for r in refs) + sum(len(reader.raw[f.key]) for f in chain.files))
@@ -849,9 +876,131 @@ def _stage_artifact(src: Storage, stage: Storage, ref: ArtifactRef) -> None:
         raise _Missing(f"{ref.uri}: mirror copy does not match its sha256")
 
 
-def _verify_stage(stage: Storage, run_id: str, target: int, exact: bool) -> int | None:
+class _Stage(Storage):
+    """Where a restore holds what it fetched until the run verifies: memory, big files on disk.
+
+    Small objects stay in memory and `get` returns the very bytes object that was put, which
+    lets the verifying load reuse the records the planner already decoded from those bytes
+    (`_StagedStore`). Artifacts above the single-GET size stream to a temporary directory
+    (under `staging_dir`), created only if one is needed and removed on exit.
+    """
+
+    capabilities = Capabilities(atomic_put=True, exclusive_create=True, conditional_put=False,
+                                durable=False, shared=False)
+
+    def __init__(self, staging_dir: str | None) -> None:
+        super().__init__("stage://restore", {})
+        self._staging_dir = staging_dir
+        self._mem: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._disk: LocalStorage | None = None
+
+    def __enter__(self) -> _Stage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._mem.clear()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def _spill(self) -> LocalStorage:
+        with self._lock:
+            if self._disk is None:
+                self._tmp = tempfile.TemporaryDirectory(prefix="ckptfs-restore-", dir=self._staging_dir)
+                self._disk = LocalStorage(self._tmp.name, self._tmp.name, {"fsync": False})
+            return self._disk
+
+    def _on_disk(self, key: str) -> bool:
+        return self._disk is not None and self._disk.exists(key)
+
+    def put(self, key: str, data: bytes) -> str:
+        with self._lock:
+            self._mem[check_key(key)] = data
+        return ""
+
+    def put_if_absent(self, key: str, data: bytes) -> str:
+        with self._lock:
+            if key in self._mem or self._on_disk(key):
+                raise FileExistsError(key)
+            self._mem[check_key(key)] = data
+        return ""
+
+    def put_if_match(self, key: str, data: bytes, etag: str) -> str:
+        raise NotImplementedError("the restore stage holds immutable objects only")
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        data = self._mem.get(key)
+        if data is not None:
+            return data, ""
+        if self._disk is None:
+            raise FileNotFoundError(key)
+        return self._disk.get_with_etag(key)
+
+    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
+        p = prefix.rstrip("/") + "/" if prefix else ""
+        with self._lock:
+            keys = {k for k in self._mem if k.startswith(p)}
+        if self._disk is not None:
+            keys.update(self._disk.list(prefix))
+        return sorted(k for k in keys if start_after is None or k > start_after)
+
+    def list_dirs(self, prefix: str) -> Keys:
+        p = prefix.rstrip("/") + "/" if prefix else ""
+        return sorted({k[len(p):].split("/", 1)[0] for k in self.list(prefix) if "/" in k[len(p):]})
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self._mem.pop(key, None)
+        if self._disk is not None:
+            self._disk.delete(key)
+
+    def size(self, key: str) -> int:
+        data = self._mem.get(key)
+        if data is not None:
+            return len(data)
+        if self._disk is None:
+            raise FileNotFoundError(key)
+        return self._disk.size(key)
+
+    def put_stream(self, key: str, src: IO[bytes], exclusive: bool = False) -> None:
+        if exclusive and key in self._mem:
+            raise FileExistsError(key)
+        self._spill().put_stream(key, src, exclusive)
+
+    def open_read(self, key: str) -> IO[bytes]:
+        data = self._mem.get(key)
+        if data is not None:
+            return io.BytesIO(data)
+        if self._disk is None:
+            raise FileNotFoundError(key)
+        return self._disk.open_read(key)
+
+
+class _StagedStore(CheckpointStore):
+    """The verifying load over a stage: the full load path, minus a second parse of the same bytes.
+
+    `_Reader` decoded each staged record with `codec.decode` (zstd checksum, canonical layout,
+    body sha256, journal hash) and checked its header against its name, exactly as
+    `CheckpointStore._decode` does. When the stage hands the store that very bytes object,
+    the decoded record is reused; anything else is decoded afresh. The walk, hash chain,
+    schema, graph and artifact checks all run as in any load.
+    """
+
+    def __init__(self, stage: _Stage, reader: _Reader) -> None:
+        super().__init__(storage=stage, policy=CompactionPolicy(background=False, keep_last=0))
+        self._reader = reader
+
+    def _decode(self, key: str, data: bytes, run_id: str, rf: RunFile) -> codec.Record:
+        rec = self._reader.records.get(key)
+        if rec is not None and run_id == self._reader.run_id and self._reader.raw.get(key) is data:
+            return rec
+        return super()._decode(key, data, run_id, rf)
+
+
+def _verify_stage(stage: _Stage, reader: _Reader, run_id: str, target: int, exact: bool) -> int | None:
     """The version a full load of the staged run reaches (target, or an earlier fallback)."""
-    store = CheckpointStore(storage=stage, policy=CompactionPolicy(background=False, keep_last=0))
+    store = _StagedStore(stage, reader)
     try:
         if store.load_run(run_id, version=target) is not None:
             return target
