@@ -642,8 +642,10 @@ class S3Storage(Storage):
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         opts = dict(self.options)
+        # Listings must be fresh (a cached one hides new versions); the client itself is
+        # shared through fsspec's instance cache, which is keyed by these options and cleared
+        # after fork, so opening the same store again costs no new connection pool.
         opts.setdefault("use_listings_cache", False)
-        opts.setdefault("skip_instance_cache", True)
         try:
             self.fs = s3fs.S3FileSystem(**opts)
         except TypeError as exc:
