@@ -112,3 +112,17 @@ def test_moto_launcher_answers_health_checks() -> None:
         with urllib.request.urlopen(f"{s3.endpoint}/moto-api/", timeout=5) as resp:
             assert resp.status == 200
         assert open_storage(s3.url("x"), s3.storage_options).list("") == []
+
+
+def test_cli_with_refused_credentials_exits_2_without_secret(authenticating_s3: str) -> None:
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    for cmd in (["verify", "s3://authbucket/p"], ["runs", "s3://authbucket/p"]):
+        out = subprocess.run(
+            [str(Path(sys.executable).parent / "ckptfs"), *cmd,
+             "-o", "key=AKIANOTAREALKEY00000", "-o", "secret=wrong-secret-value-123",
+             "-o", f"client_kwargs.endpoint_url={authenticating_s3}"],
+            capture_output=True, text=True, env=env, timeout=120)
+        assert out.returncode == 2, (cmd, out.stdout, out.stderr)
+        text = out.stdout + out.stderr
+        assert "s3://authbucket/p" in text
+        assert "wrong-secret-value-123" not in text and "Traceback" not in text
