@@ -308,6 +308,8 @@ def main() -> None:
          lambda v, t: v <= t),
         (f"(context) floor p99 / floor p50 at {large['n']:,}", large["floor_p99"] / large["floor_p50"],
          5.0, lambda v, t: v <= t),
+        (f"(context) local p99 / interleaved floor p99 at {large['n']:,}",
+         large["p99"] / large["floor_p99"], 2.0, lambda v, t: v <= t),
     ]
     c = Table(title="targets (ratios measured side by side in this run)")
     for col in ("target", "measured", "limit", "ok"):
