@@ -39,7 +39,6 @@ offers the agent a non-blocking step trigger.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import hashlib
 import io
@@ -54,6 +53,7 @@ from datetime import timedelta
 from typing import IO, Any, Protocol
 
 from ckptfs import codec
+from ckptfs.chain import RunIndex
 from ckptfs.errors import (
     CheckpointCorruptError,
     ConfigError,
@@ -332,23 +332,11 @@ def _plan(reader: _Reader, files: list[RunFile], ceiling: int | None = None) -> 
     """
     if not files:
         return None
-    limit = max(f.version for f in files) if ceiling is None else ceiling
-    hint = _name_chain(files, limit)
+    index = RunIndex.build(files, ceiling)
+    hint = _name_chain(files, index.limit)
     if hint:
         reader.prefetch(hint)
-    snaps = sorted((f for f in files if f.kind == "snap" and f.version <= limit), reverse=True)
-    deltas: dict[int, list[RunFile]] = {}
-    for f in files:
-        if f.kind == "delta" and f.version <= limit:
-            deltas.setdefault(f.base, []).append(f)
-    for lst in deltas.values():
-        lst.sort(reverse=True)
-    logs = sorted(f for f in files if f.kind == "log" and f.version <= limit)
-    log_versions = [f.version for f in logs]
-    starts: list[RunFile | None] = [*snaps]
-    if any(f.base == 0 for f in logs) or 0 in deltas:
-        starts.append(None)
-    for start in starts:
+    for start in index.starts():
         cursor, chash = 0, ""
         if start is not None:
             rec = reader.read(start)
@@ -356,25 +344,9 @@ def _plan(reader: _Reader, files: list[RunFile], ceiling: int | None = None) -> 
                 continue
             cursor, chash = start.version, rec.header.hash
         chain: list[RunFile] = []
-        while cursor < limit:
-            nxt: tuple[RunFile, codec.Record] | None = None
-            for d in deltas.get(cursor, []):
-                if d.version > limit:
-                    continue
-                r = reader.read(d)
-                if r is not None and r.header.base_hash == chash:
-                    nxt = (d, r)
-                    break
-            if nxt is None:
-                for lf in logs[bisect.bisect_right(log_versions, cursor):]:
-                    r = reader.read(lf)
-                    if r is not None and r.header.base == cursor and r.header.base_hash == chash:
-                        nxt = (lf, r)
-                        break
-            if nxt is None:
-                break
-            chain.append(nxt[0])
-            cursor, chash = nxt[1].header.version, nxt[1].header.hash
+        for rf, rec in index.follow(cursor, chash, reader.read, run_id=reader.run_id):
+            chain.append(rf)
+            cursor, chash = rec.header.version, rec.header.hash
         if start is None and not chain:
             continue
         if ceiling is not None and cursor != ceiling:

@@ -20,7 +20,6 @@ its change, not the size of the run:
 from __future__ import annotations
 
 import atexit
-import bisect
 import contextlib
 import dataclasses
 import json
@@ -32,7 +31,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -40,6 +39,7 @@ from pydantic import ValidationError
 
 from ckptfs import codec
 from ckptfs.artifacts import ArtifactSource, ArtifactStore
+from ckptfs.chain import RunIndex
 from ckptfs.changes import Changes, apply_body
 from ckptfs.errors import (
     CheckpointCorruptError,
@@ -673,15 +673,8 @@ class CheckpointStore:
         if not files:
             return None
         max_seen = max(f.version for f in files)
-        limit = max_seen if target is None else target
-        snaps = sorted((f for f in files if f.kind == "snap" and f.version <= limit), reverse=True)
-        deltas: dict[int, list[RunFile]] = {}
-        for f in files:
-            if f.kind == "delta" and f.version <= limit:
-                deltas.setdefault(f.base, []).append(f)
-        for lst in deltas.values():
-            lst.sort(reverse=True)
-        logs = sorted(f for f in files if f.kind == "log" and f.version <= limit)
+        index = RunIndex.build(files, max_seen if target is None else target)
+        limit = index.limit
         decoded: dict[str, codec.Record | CorruptFileError] = {}
         problems: list[str] = []
 
@@ -699,10 +692,7 @@ class CheckpointStore:
                 decoded[rf.key] = got
             return None if isinstance(got, CorruptFileError) else got
 
-        starts: list[RunFile | None] = [*snaps]
-        if any(f.base == 0 for f in logs) or 0 in deltas:
-            starts.append(None)  # the chain from version 0 is still complete: replay it all
-        for start in starts:
+        for start in index.starts():
             state: dict[str, Any] = {"run": None, "steps": {}, "tool_log": {}}
             cursor, chash, snap_bytes = 0, "", 0
             if start is not None:
@@ -714,7 +704,7 @@ class CheckpointStore:
             ceiling = limit
             while True:
                 end_v, end_h, n, nbytes, walked = self._walk(run_id, state, cursor, chash,
-                                                             ceiling, deltas, logs, read)
+                                                             ceiling, index, read)
                 got = self._materialise(run_id, walked, problems, resolve)
                 if got is not None and (target is None or end_v == target):
                     run, tool_log = got
@@ -736,47 +726,21 @@ class CheckpointStore:
         raise CheckpointCorruptError(run_id, problems or ["no snapshot or journal record to start"])
 
     def _walk(self, run_id: str, start_state: dict[str, Any], cursor: int, chash: str,
-              ceiling: int, deltas: dict[int, list[RunFile]], logs: list[RunFile],
-              read: Any) -> tuple[int, str, int, int, dict[str, Any]]:
-        """Follow the chain from `cursor`: the largest valid delta, else the next record."""
+              ceiling: int, index: RunIndex,
+              read: Callable[[RunFile], codec.Record | None]) -> tuple[int, str, int, int, dict[str, Any]]:
+        """Apply the chain from `cursor` (chain.RunIndex decides which files) onto a copy."""
         state = {"run": start_state["run"], "steps": dict(start_state["steps"]),
                  "tool_log": {k: list(v) for k, v in start_state["tool_log"].items()}}
         n = nbytes = 0
-        log_versions = [f.version for f in logs]
-
-        while cursor < ceiling:
-            nxt: codec.Record | None = None
-            for d in deltas.get(cursor, []):
-                if d.version > ceiling:
-                    continue
-                rec = read(d)
-                if rec is not None and rec.header.base_hash == chash:
-                    nxt = rec
-                    break
-            if nxt is None:
-                i = bisect.bisect_right(log_versions, cursor)
-                for rf in logs[i:]:
-                    if rf.version > ceiling:
-                        break
-                    rec = read(rf)
-                    if rec is None:
-                        continue
-                    if rec.header.base == cursor and rec.header.base_hash == chash:
-                        nxt = rec
-                        break
-                    if rec.header.base == cursor:
-                        logger.warning("run %s: %s: hash chain broken (base hash mismatch)",
-                                       run_id, rf.key)
-            if nxt is None:
-                break
+        for _rf, rec in index.follow(cursor, chash, read, ceiling, run_id):
             try:
-                apply_body(state, nxt.body)
+                apply_body(state, rec.body)
             except ValueError as exc:
-                logger.warning("run %s: v%d body invalid: %s", run_id, nxt.header.version, exc)
+                logger.warning("run %s: v%d body invalid: %s", run_id, rec.header.version, exc)
                 break
-            cursor, chash = nxt.header.version, nxt.header.hash
+            cursor, chash = rec.header.version, rec.header.hash
             n += 1
-            nbytes += nxt.stored_size
+            nbytes += rec.stored_size
         return cursor, chash, n, nbytes, state
 
     def _materialise(self, run_id: str, state: dict[str, Any], problems: list[str],

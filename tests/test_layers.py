@@ -13,7 +13,7 @@ PKG = Path(__file__).resolve().parent.parent / "ckptfs"
 LAYER = {
     "errors": 0,
     "models": 1,
-    "codec": 2, "layout": 2, "changes": 2,
+    "codec": 2, "layout": 2, "changes": 2, "chain": 3,
     "storage": 3, "retry": 3,
     "artifacts": 4, "store": 4,
     "policy": 5, "tools": 5, "agent": 5, "resume": 5, "integrations": 5,
