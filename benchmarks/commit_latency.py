@@ -185,23 +185,11 @@ def bench_store(url: str, opts: dict[str, Any], n: int, seed: int = 7,
 def floor_commit(root: Path, sizes: list[int]) -> list[float]:
     """write + fsync + rename + fsync(dir): the least a durable atomic file commit costs."""
     root.mkdir(parents=True, exist_ok=True)
-    lat: list[float] = []
     dfd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        for i, size in enumerate(sizes):
-            data = os.urandom(size)
-            t0 = time.perf_counter()
-            tmp = root / f".tmp{i}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            os.write(fd, data)
-            os.fsync(fd)
-            os.close(fd)
-            os.rename(tmp, root / f"{i:012d}")
-            os.fsync(dfd)
-            lat.append(time.perf_counter() - t0)
+        return [floor_commit_one(root, dfd, i, os.urandom(size)) for i, size in enumerate(sizes)]
     finally:
         os.close(dfd)
-    return lat
 
 
 def naive_sqlite(path: Path, n: int, measure_last: int, seed: int = 7) -> list[float]:
