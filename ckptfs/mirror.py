@@ -65,7 +65,7 @@ from ckptfs.layout import ARTIFACTS, RUNS, RunFile, parse_artifact_key, parse_ru
 from ckptfs.models import ArtifactRef, validate_id
 from ckptfs.retry import RetryingStorage
 from ckptfs.storage import Capabilities, Keys, LocalStorage, Storage, check_key, open_storage
-from ckptfs.store import CheckpointStore, CompactionPolicy
+from ckptfs.store import CheckpointStore, CompactionPolicy, gc_paused
 
 logger = logging.getLogger(__name__)
 
@@ -682,7 +682,8 @@ def mirror(src_url: StorageLike, dst_url: StorageLike, every_n: int = 1,
                 workers=workers, attempts=attempts, base_delay=base_delay)
     try:
         m.check()
-        return m.pass_(run_id, every_n, latest, keep_last, progress or _NoProgress())
+        with gc_paused():  # decoded bodies stay alive for the pass: collections would only churn
+            return m.pass_(run_id, every_n, latest, keep_last, progress or _NoProgress())
     finally:
         m.close()
 
@@ -718,7 +719,8 @@ def restore(src_url: StorageLike, dst_url: StorageLike, run_id: str | None = Non
             report.errors.append(f"{m.src.display_url} holds no runs to restore")
         for rid in ids:
             try:
-                report.runs.append(_restore_run(m, rid, version, prog, staging_dir))
+                with gc_paused():
+                    report.runs.append(_restore_run(m, rid, version, prog, staging_dir))
             except StorageUnavailableError as exc:
                 report.runs.append(RunResult(rid, "incomplete", error=str(exc), missing=[str(exc)]))
         report.seconds = time.monotonic() - t0

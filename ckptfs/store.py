@@ -289,8 +289,8 @@ class _Compactor:
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a load allocates its (long-lived) state.
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a load (or a mirror pass) builds long-lived state.
 
     A load parses megabytes of JSON into dicts and builds a model per step; every object
     survives, so each collection the allocations trigger walks the whole growing heap for
@@ -676,7 +676,7 @@ class CheckpointStore:
 
     def _load(self, run_id: str, target: int | None, *, resolve: bool,
               seed_head: bool) -> tuple[AgentRun, dict[str, Any]] | None:
-        with _gc_paused():
+        with gc_paused():
             return self._load_retrying(run_id, target, resolve=resolve, seed_head=seed_head)
 
     def _load_retrying(self, run_id: str, target: int | None, *, resolve: bool,
