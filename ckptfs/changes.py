@@ -81,6 +81,8 @@ def apply_body(state: dict[str, Any], body: Any) -> None:
     tool_log = body.get("tool_log", {})
     if not isinstance(steps, dict) or not isinstance(removed, list) or not isinstance(tool_log, dict):
         raise ValueError("record body has the wrong shape")
+    if not all(isinstance(sid, str) for sid in removed):
+        raise ValueError("record 'removed' must list step ids")
     st = state.setdefault("steps", {})
     for sid, step in steps.items():
         if not isinstance(step, dict):
@@ -90,6 +92,6 @@ def apply_body(state: dict[str, Any], body: Any) -> None:
         st.pop(sid, None)
     tl = state.setdefault("tool_log", {})
     for sid, calls in tool_log.items():
-        if not isinstance(calls, list):
-            raise ValueError(f"tool log of {sid!r} is not a list")
+        if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+            raise ValueError(f"tool log of {sid!r} is not a list of objects")
         tl.setdefault(sid, []).extend(calls)

@@ -171,8 +171,9 @@ def decode(data: bytes, key: str, max_size: int = DEFAULT_MAX_DECODED_BYTES) -> 
     text = decompress(data, key, max_size)
     try:
         doc = json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptFileError(key, f"document is not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # bad JSON, bad UTF-8, giant ints, deep nesting
+        raise CorruptFileError(key, f"document is not readable JSON: {type(exc).__name__}: "
+                                    f"{str(exc)[:200]}") from None
     if not isinstance(doc, dict) or "body" not in doc:
         raise CorruptFileError(key, "document is not a ckptfs record")
     if doc.get("format") != FORMAT_NAME:

@@ -768,15 +768,32 @@ class S3Storage(Storage):
         return float(resp["LastModified"].timestamp())
 
     def put_stream(self, key: str, src: IO[bytes], exclusive: bool = False) -> None:
+        """Stream to one object; a failure aborts the upload so nothing partial appears.
+
+        fsspec's file would upload whatever it buffered when closed during an exception, so
+        the file is discarded (aborting any multipart upload) and marked closed instead.
+        Errors reading `src` propagate as they are; errors writing are mapped as usual.
+        """
         path = f"{self.bucket}/{self._key(key)}"
+        first = src.read(_COPY_CHUNK)
+        if not first:
+            self.put_if_absent(key, b"") if exclusive else self.put(key, b"")
+            return
         with self._errors(key):
-            first = src.read(_COPY_CHUNK)
-            if not first:
-                self.put(key, b"") if not exclusive else self.put_if_absent(key, b"")
-                return
-            with self.fs.open(path, "xb" if exclusive else "wb", block_size=8 * _COPY_CHUNK) as f:
-                f.write(first)
-                shutil.copyfileobj(src, f, _COPY_CHUNK)
+            f = self.fs.open(path, "xb" if exclusive else "wb", block_size=8 * _COPY_CHUNK)
+        try:
+            chunk = first
+            while chunk:
+                with self._errors(key):
+                    f.write(chunk)
+                chunk = src.read(_COPY_CHUNK)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                f.discard()
+            f.closed = True
+            raise
+        with self._errors(key):
+            f.close()
 
     def open_read(self, key: str) -> IO[bytes]:
         with self._errors(key):

@@ -129,6 +129,7 @@ class _Head:
     status: dict[str, str] = field(default_factory=dict)
     tool_log: dict[str, list[ToolCall]] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=lambda: {"total": 0, "completed": 0, "failed": 0})
+    branching: bool = False  # loaded after a fallback: the next commit starts a new branch
 
     def counts_after(self, new_status: Mapping[str, str], removed: Iterable[str]) -> dict[str, int]:
         """Step counts once the change lands, computed from the change alone (O(change))."""
@@ -472,13 +473,21 @@ class CheckpointStore:
             summary={**info, **counts},
         )
         data = codec.encode(header, body, self.compression_level)
+        key = log_key(run_id, version)
         try:
-            self.storage.put_if_absent(log_key(run_id, version), data)
+            self.storage.put_if_absent(key, data)
         except FileExistsError:
-            self._heads.pop(run_id, None)
-            self._compactor.submit("forget", run_id)
+            self._forget(run_id)
             raise ConflictError(run_id, version, "reload the run to continue from the newest "
                                 "version") from None
+        if head.version and not self._base_exists(run_id, head.version):
+            # Exclusive create fences writers only while the key exists. Retention deletes old
+            # records, so a writer whose head is older than the oldest kept snapshot could
+            # re-create a pruned version. The record we just made is ours: withdraw it.
+            self.storage.delete(key)
+            self._forget(run_id)
+            raise ConflictError(run_id, version, f"its base version {head.version} was removed "
+                                "by retention: another writer has moved this run on; reload it")
         entry = _Entry(0, head.version, head.hash, version, h, changes, len(data))
         head.version, head.hash, head.next_version = version, h, version + 1
         head.counts, head.run_info = counts, info
@@ -491,7 +500,23 @@ class CheckpointStore:
         if changes.run is not None:
             head.run_json = changes.run
         self._compactor.submit("commit", (run_id, entry))
+        if head.branching:
+            # A load that fell back past damaged files always picks the newest snapshot, so a
+            # branch is only findable once it has one: write it before acknowledging.
+            self._compactor.flush()
+            if not self.storage.exists(snap_key(run_id, version)):
+                logger.warning("run %s: snapshot of branch at v%d not written; a later load may "
+                               "fall back past it", run_id, version)
+            head.branching = False
         return version
+
+    def _base_exists(self, run_id: str, version: int) -> bool:
+        return self.storage.exists(log_key(run_id, version)) or self.storage.exists(
+            snap_key(run_id, version))
+
+    def _forget(self, run_id: str) -> None:
+        self._heads.pop(run_id, None)
+        self._compactor.submit("forget", run_id)
 
     def _check_graph(self, run_id: str, head: _Head, changed: list[Step],
                      new_deps: dict[str, tuple[str, ...]], removed: set[str]) -> None:
@@ -790,8 +815,9 @@ class CheckpointStore:
                         self._resolve_refs(c, refs)
                     out.append(ToolCall.model_validate(c))
                 tool_log[sid] = out
-        except (ValidationError, InvalidIdError, CorruptFileError, ValueError) as exc:
-            problems.append(f"state at this version does not validate: {exc}")
+        except (ValidationError, InvalidIdError, CorruptFileError, ValueError, TypeError,
+                AttributeError, KeyError, IndexError) as exc:  # hostile shapes, not just bad values
+            problems.append(f"state at this version does not validate: {type(exc).__name__}: {exc}")
             logger.warning("run %s: state does not validate: %s", run_id, exc)
             return None
         bad = graph_problems(run.steps)
@@ -834,8 +860,9 @@ class CheckpointStore:
                        "failed": run.failed_count}
         replica.tool_log = {sid: [codec.dumps(c) for c in calls]
                             for sid, calls in state["tool_log"].items()}
+        forced = info.max_version_seen > version  # we are branching: snapshot at once
+        head.branching = forced
         self._heads[run_id] = head
-        forced = info.max_version_seen > version  # we are branching: snapshot soon
         rc = _RunCompaction(replica, version, hash_, snapshot_bytes=info.snapshot_bytes,
                             carried_reads=self.policy.max_plan if forced else info.records_read,
                             carried_bytes=info.bytes_read - info.snapshot_bytes)
