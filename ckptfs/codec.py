@@ -172,7 +172,7 @@ def decode(data: bytes, key: str, max_size: int = DEFAULT_MAX_DECODED_BYTES) -> 
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError) as exc:  # bad JSON, bad UTF-8, giant ints, deep nesting
-        raise CorruptFileError(key, f"document is not readable JSON: {type(exc).__name__}: "
+        raise CorruptFileError(key, f"document is not JSON: {type(exc).__name__}: "
                                     f"{str(exc)[:200]}") from None
     if not isinstance(doc, dict) or "body" not in doc:
         raise CorruptFileError(key, "document is not a ckptfs record")
