@@ -59,6 +59,7 @@ class Capabilities:
     conditional_put: bool  # put_if_match is a true compare-and-swap
     durable: bool  # acknowledged writes survive a crash of this process and of the machine
     shared: bool  # other processes see the same objects
+    remote: bool = False  # each call is a network round trip: worth overlapping independent calls
 
 
 def redact_url(url: str) -> str:
@@ -456,7 +457,8 @@ class FsspecStorage(Storage):
     """
 
     capabilities = Capabilities(
-        atomic_put=False, exclusive_create=False, conditional_put=False, durable=False, shared=True
+        atomic_put=False, exclusive_create=False, conditional_put=False, durable=False, shared=True,
+        remote=True,
     )
     _warned: ClassVar[set[str]] = set()
 
@@ -632,7 +634,8 @@ class S3Storage(Storage):
     """
 
     capabilities = Capabilities(
-        atomic_put=True, exclusive_create=True, conditional_put=True, durable=True, shared=True
+        atomic_put=True, exclusive_create=True, conditional_put=True, durable=True, shared=True,
+        remote=True,
     )
 
     def __init__(self, url: str, bucket: str, prefix: str, options: Mapping[str, Any] | None):

@@ -33,6 +33,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -348,6 +349,7 @@ class CheckpointStore:
         self._locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
         self._compactor = _Compactor(self)
+        self._pool: ThreadPoolExecutor | None = None
         self.last_load: LoadInfo | None = None
         ref = weakref.ref(self)
         atexit.register(lambda: (s := ref()) is not None and s.flush(timeout=10.0))
@@ -368,6 +370,9 @@ class CheckpointStore:
     def close(self) -> None:
         self.flush(timeout=60)
         self._compactor.stop()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         self.storage.close()
 
     def _lock(self, run_id: str) -> threading.RLock:
@@ -474,16 +479,24 @@ class CheckpointStore:
         )
         data = codec.encode(header, body, self.compression_level)
         key = log_key(run_id, version)
+        # Exclusive create fences writers only while the key exists, and retention deletes old
+        # records, so the commit also confirms its base is still stored. On a remote backend
+        # the check runs beside the PUT (one round trip, not two); either way only a prune at
+        # that very moment could race it.
+        base_check = None
+        if head.version and self.storage.capabilities.remote:
+            base_check = self._io_pool().submit(self._base_exists, run_id, head.version)
         try:
             self.storage.put_if_absent(key, data)
         except FileExistsError:
             self._forget(run_id)
             raise ConflictError(run_id, version, "reload the run to continue from the newest "
                                 "version") from None
-        if head.version and not self._base_exists(run_id, head.version):
-            # Exclusive create fences writers only while the key exists. Retention deletes old
-            # records, so a writer whose head is older than the oldest kept snapshot could
-            # re-create a pruned version. The record we just made is ours: withdraw it.
+        base_ok = (base_check.result() if base_check is not None
+                   else not head.version or self._base_exists(run_id, head.version))
+        if not base_ok:
+            # A writer whose head is older than the oldest kept snapshot just re-created a
+            # pruned version. The record we made is ours: withdraw it.
             self.storage.delete(key)
             self._forget(run_id)
             raise ConflictError(run_id, version, f"its base version {head.version} was removed "
@@ -509,6 +522,12 @@ class CheckpointStore:
                                "fall back past it", run_id, version)
             head.branching = False
         return version
+
+    def _io_pool(self) -> ThreadPoolExecutor:
+        with self._locks_guard:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckptfs-io")
+            return self._pool
 
     def _base_exists(self, run_id: str, version: int) -> bool:
         return self.storage.exists(log_key(run_id, version)) or self.storage.exists(

@@ -24,9 +24,15 @@ ROOT = str(Path(__file__).resolve().parent.parent)
 PRUNING = CompactionPolicy(fanout=4, max_plan=4, min_snapshot_bytes=1, keep_last=1, background=False)
 
 
-def test_stale_writer_cannot_recreate_versions_retention_removed(tmp_path: Path) -> None:
-    a = CheckpointStore(str(tmp_path), policy=PRUNING)
-    b = CheckpointStore(str(tmp_path), policy=PRUNING)
+@pytest.mark.parametrize("backend", ["local", "s3"])  # s3: the base check runs beside the PUT
+def test_stale_writer_cannot_recreate_versions_retention_removed(tmp_path: Path, backend: str,
+                                                                 request: pytest.FixtureRequest) -> None:
+    if backend == "local":
+        url, opts = str(tmp_path), {}
+    else:
+        url, opts = request.getfixturevalue("s3_url"), request.getfixturevalue("s3_opts")
+    a = CheckpointStore(url, opts, policy=PRUNING)
+    b = CheckpointStore(url, opts, policy=PRUNING)
     run = AgentRun(run_id="r", goal="g", steps={"s1": Step(id="s1", title="t")})
     a.save_run(run)
     run_b = b.load_run("r")
@@ -36,17 +42,18 @@ def test_stale_writer_cannot_recreate_versions_retention_removed(tmp_path: Path)
     for i in range(12):  # B moves on; compaction and retention (keep 1) prune old records
         run_b.steps["s1"].description = f"B{i}"
         b.commit(run_b, ["s1"])
-    assert not (tmp_path / "runs/r/log/000000000002.ckpt").exists()
+    assert not a.storage.exists("runs/r/log/000000000002.ckpt")
     run.steps["s1"].description = "stale A"
     with pytest.raises(ConflictError, match="removed by retention"):
         a.commit(run, ["s1"])
-    loaded = CheckpointStore(str(tmp_path)).load_run("r")
+    assert not a.storage.exists("runs/r/log/000000000002.ckpt")  # the stale record was withdrawn
+    loaded = CheckpointStore(url, opts).load_run("r")
     assert loaded is not None and "b_only" in loaded.steps and loaded.steps["s1"].description == "B11"
     again = a.load_run("r")  # after reloading, A continues on top of B's work
     assert again is not None
     again.steps["s1"].description = "A after reload"
     a.commit(again, ["s1"])
-    final = CheckpointStore(str(tmp_path)).load_run("r")
+    final = CheckpointStore(url, opts).load_run("r")
     assert final is not None and "b_only" in final.steps
     assert final.steps["s1"].description == "A after reload"
 
