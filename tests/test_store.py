@@ -278,25 +278,22 @@ def test_nothing_ever_silently_starts_from_scratch(tmp_path: Any, caplog: Any) -
 
 
 def test_idle_compactor_threads_exit_and_restart(monkeypatch: pytest.MonkeyPatch) -> None:
-    import threading
     import time
 
     from ckptfs.store import _Compactor
 
     monkeypatch.setattr(_Compactor, "IDLE_EXIT_SECONDS", 0.2)
-
-    def compactors() -> int:
-        return sum(t.name == "ckptfs-compactor" for t in threading.enumerate())
-
-    base = compactors()
     stores = [CheckpointStore(f"memory://idle-{i}-{id(monkeypatch)}") for i in range(10)]
     for st in stores:
         st.save_run(make_run(3))
-    assert compactors() >= base + 1
-    deadline = time.monotonic() + 5
-    while compactors() > base and time.monotonic() < deadline:
+    threads = [st._compactor._thread for st in stores]  # only this test's threads are watched
+    assert all(t is not None for t in threads)
+    deadline = time.monotonic() + 10
+    while any(t is not None and t.is_alive() for t in threads) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert compactors() == base  # idle stores hold no thread
+    assert not any(t is not None and t.is_alive() for t in threads)  # idle stores hold no thread
+    assert all(st._compactor._thread is None for st in stores)
     run = make_run(3, run_id="again")
     stores[0].save_run(run)
+    assert stores[0]._compactor._thread is not None  # restarted on demand
     assert stores[0].flush(timeout=5) and stores[0].load_run("again") == run
