@@ -47,6 +47,17 @@ ENV_VARS: dict[str, tuple[str, str, str]] = {
     "CKPTFS_MIRROR_STORAGE_OPTIONS": ("mirror", "options", "json"),
 }
 
+def json_object_env(var: str, raw: str) -> dict[str, Any]:
+    """An environment variable that holds a JSON object (storage options); errors name it."""
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"${var}: not valid JSON (line {exc.lineno}, column {exc.colno})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"${var}: must be a JSON object")
+    return value
+
+
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)")
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -220,12 +231,7 @@ def load_settings(path: str | os.PathLike[str] | None = None,
             continue
         value: Any = raw
         if kind == "json":
-            try:
-                value = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"${var}: not valid JSON (line {exc.lineno}, column {exc.colno})") from None
-            if not isinstance(value, dict):
-                raise ConfigError(f"${var}: must be a JSON object")
+            value = json_object_env(var, raw)
             base = doc.get(section, {}).get(key, {}) if isinstance(doc.get(section), dict) else {}
             value = {**(base if isinstance(base, dict) else {}), **value}
         sec = doc.setdefault(section, {})

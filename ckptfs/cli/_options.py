@@ -9,12 +9,13 @@ secret is never turned into an int. Error messages name the key or the variable,
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 from typing import Any
 
 from ckptfs.cli._common import CliError
+from ckptfs.config import json_object_env
+from ckptfs.errors import ConfigError
 from ckptfs.storage import redact_options
 
 ENV_VAR = "CKPTFS_STORAGE_OPTIONS"
@@ -46,16 +47,11 @@ def _value(key: str, raw: str) -> Any:
 
 def storage_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The storage_options dict: the env var's JSON object, then each --storage-option over it."""
-    opts: dict[str, Any] = {}
     env = os.environ.get(ENV_VAR, "").strip()
-    if env:
-        try:
-            loaded = json.loads(env)
-        except json.JSONDecodeError as exc:
-            raise CliError(f"${ENV_VAR} is not valid JSON (line {exc.lineno}, column {exc.colno})") from None
-        if not isinstance(loaded, dict):
-            raise CliError(f"${ENV_VAR} must be a JSON object")
-        opts.update(loaded)
+    try:
+        opts = json_object_env(ENV_VAR, env) if env else {}
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
     return merge_options(opts, parse_items(getattr(args, "storage_option", None) or [],
                                            "--storage-option"))
 
