@@ -333,8 +333,8 @@ class LocalStorage(Storage):
 
         A single fsync of many megabytes makes every other fsync on the filesystem wait
         behind it (the journal commits in order), so a background snapshot would stall the
-        small commits running beside it. Flushing in steps bounds that wait: measured here,
-        a commit's p99 beside a 5 MB writer fell from ~10 ms to ~6 ms.
+        small commits running beside it. Flushing in steps bounds that wait: in an experiment
+        with plain os calls, a small commit's p99 beside a 5 MB writer fell from ~10 ms to ~6 ms.
         """
         if len(data) <= _FLUSH_STEP or not self.fsync:
             f.write(data)
