@@ -5,31 +5,49 @@ Pure bytes <-> structure, no I/O, nothing executed. One object is::
     b"CKLG\\x01" | u32 len(frame0) | frame0 | channel frame 1 | channel frame 2 | ...
 
 frame0 is a plain zstd frame of ``u32 len(header) | header JSON | raw parts`` (for a checkpoint:
-LangGraph's serialized checkpoint and metadata). Each channel version is its own zstd frame,
-either whole or compressed against the previous version of that channel used as a raw-content
-dictionary; the header names that base (the checkpoint id holding it) and the chain depth, so a
-read after a crash can rebuild it, and a frame's content checksum catches a wrong base. Every
-frame declares its size, which is checked against a limit before any memory is spent.
+LangGraph's serialized checkpoint and metadata). Each channel version is stored one of three ways
+(the part's kind, ``k`` in the header):
+
+- ``w`` whole: one zstd frame of the value.
+- ``s`` splice: copy ranges of the previous version plus inserted bytes (one zstd frame of the
+  inserts). A message list that gained a message serializes to the old bytes with a new length
+  prefix and a new tail; finding that costs two memcmp-speed scans, where a zstd dictionary delta
+  first hashes the whole previous value (5.6 ms for a 1 MB value here, against ~0.1 ms).
+- ``z`` zstd delta: the value compressed with the previous version as a raw-content dictionary,
+  for edits a splice cannot express cheaply.
+
+Deltas name their base (the checkpoint id holding the previous version) and the chain depth, so
+a read after a crash can rebuild them. Every frame declares its size, checked against a limit
+before memory is spent; a splice also records the value's length and xxh3-64, so a wrong or
+damaged base is caught rather than returned.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+import xxhash
 import zstandard
 
 from ckptfs.errors import CorruptFileError, DecodeLimitError
 
 MAGIC = b"CKLG\x01"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2 adds part kinds (splice); version-1 objects still read
+READABLE_VERSIONS = (1, 2)
 DEFAULT_MAX_DECODED = 512 * 1024 * 1024
 FULL_LEVEL = 3
 MIN_DELTA_BYTES = 256  # smaller values are stored whole: a chain would cost reads for nothing
 MAX_DELTA_BASE = 64 * 1024 * 1024  # past this, a raw dictionary would need a window over 2**27
+SPLICE_MIN_SHARE = 0.5  # a splice must copy at least this share of the value, else zstd delta
+_PROBE = 64  # bytes of the base's end looked for in the new value
+_WIDE_PROBE = 1024
+_SHIFTS = sorted(range(-16, 17), key=abs)  # length-prefix changes tried, smallest first
 _U32 = struct.Struct("<I")
+_local = threading.local()  # zstd compressors are not thread-safe; one per thread is reused
 
 
 @dataclass
@@ -39,11 +57,19 @@ class Part:
     channel: str
     type: str
     frame: bytes
-    base: str | None = None  # checkpoint id whose version of this channel is the dictionary
+    base: str | None = None  # checkpoint id holding the previous version this one is built on
     depth: int = 0  # number of bases to read before this one (0: the frame is whole)
+    kind: str = "w"  # w whole, s splice, z zstd delta
+    ops: list[list[int]] | None = None  # splice: [[base offset, n] | [-1, n inserted], ...]
+    size: int = 0  # splice: length of the value
+    digest: str = ""  # splice: xxh3-64 hex of the value
 
     def meta(self) -> dict[str, Any]:
-        return {"c": self.channel, "t": self.type, "z": len(self.frame), "b": self.base, "d": self.depth}
+        out = {"c": self.channel, "t": self.type, "z": len(self.frame), "b": self.base, "d": self.depth,
+               "k": self.kind}
+        if self.kind == "s":
+            out.update(o=self.ops, n=self.size, h=self.digest)
+        return out
 
 
 @dataclass
@@ -60,8 +86,126 @@ class Unpacked:
 
 
 def compress_full(raw: bytes) -> bytes:
-    return zstandard.ZstdCompressor(level=FULL_LEVEL, write_checksum=True,
-                                    write_content_size=True).compress(raw)
+    cctx = getattr(_local, "cctx", None)
+    if cctx is None:
+        cctx = _local.cctx = zstandard.ZstdCompressor(level=FULL_LEVEL, write_checksum=True,
+                                                      write_content_size=True)
+    return cctx.compress(raw)
+
+
+def _common_suffix(base: bytes, raw: bytes, end: int, known: int) -> int:
+    """Largest L with raw[end-L:end] == base[-L:], given that `known` bytes already match.
+
+    A changed length prefix is a few bytes at the very start, so the longest candidates are
+    tried first: each failure stops at its first byte, the success is one memcmp.
+    """
+    view = memoryview(base)
+    top = min(len(base), end)
+    for length in range(top, max(known, top - 16) - 1, -1):
+        if raw.endswith(view[len(base) - length :], 0, end):
+            return length
+    lo, hi = known, top - 16  # raw matches at lo, not at hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if raw.endswith(view[len(base) - mid :], 0, end):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _common_prefix(a: bytes, b: bytes, limit: int) -> int:
+    lo, hi = 0, limit + 1  # a[:lo] == b[:lo]; a[:hi] != b[:hi] (or hi past the limit)
+    view = memoryview(a)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if b.startswith(view[:mid]):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def find_splice(base: bytes, raw: bytes) -> tuple[list[list[int]], bytes] | None:
+    """`raw` as copies of `base` plus inserted bytes, when one long run of `base` survives in it.
+
+    Covers a list that grew at the end or was trimmed at the front (the serialized length
+    prefix changes, the old elements stay byte for byte). Returns (ops, inserts) or None when
+    the copied share would be under SPLICE_MIN_SHARE.
+    """
+    nb, nr = len(base), len(raw)
+    if nb < _PROBE or nr < _PROBE:
+        return None
+    # Where base's last bytes sit in raw: for a list that grew at the end, exactly where they
+    # were give or take the length prefix's change; otherwise search with a longer probe, as
+    # serialized elements share their trailing bytes and a short one matches at every element.
+    probe = memoryview(base)[-_PROBE:]
+    end = next((nb + d for d in _SHIFTS if raw.startswith(probe, nb - _PROBE + d)), -1)
+    if end < 0:
+        wide = min(_WIDE_PROBE, nb)
+        q = raw.find(memoryview(base)[-wide:])
+        if q < 0:
+            return None
+        end = q + wide
+    run = _common_suffix(base, raw, end, _PROBE)
+    new_start, old_start = end - run, nb - run
+    head = _common_prefix(base, raw, min(old_start, new_start))
+    if head + run < SPLICE_MIN_SHARE * nr:
+        return None
+    ops: list[list[int]] = []
+    if head:
+        ops.append([0, head])
+    if new_start > head:
+        ops.append([-1, new_start - head])
+    ops.append([old_start, run])
+    if nr > end:
+        ops.append([-1, nr - end])
+    return ops, raw[head:new_start] + raw[end:]
+
+
+def encode_part(channel: str, typ: str, raw: bytes, prev: bytes | None = None,
+                prev_id: str | None = None, depth: int = 0) -> Part:
+    """One channel version: a splice or zstd delta against `prev` (at chain `depth`), else whole."""
+    if prev is None or prev_id is None:
+        return Part(channel, typ, compress_full(raw))
+    found = find_splice(prev, raw)
+    if found is not None:
+        ops, inserts = found
+        return Part(channel, typ, compress_full(inserts), prev_id, depth, "s", ops, len(raw),
+                    xxhash.xxh3_64_hexdigest(raw))
+    return Part(channel, typ, compress_delta(raw, prev), prev_id, depth, "z")
+
+
+def decode_part(part: Part, key: str, base: bytes | None, max_size: int = DEFAULT_MAX_DECODED) -> bytes:
+    """The value of a part; `base` is the previous version's value when the part is a delta."""
+    if part.kind == "w":
+        return decompress(part.frame, key, None, max_size)
+    if base is None:
+        raise CorruptFileError(key, "delta part without its base")
+    if part.kind == "z":
+        return decompress(part.frame, key, base, max_size)
+    if part.kind != "s" or part.ops is None:
+        raise CorruptFileError(key, f"unknown part kind {part.kind!r}")
+    if part.size > max_size:
+        raise DecodeLimitError(key, f"decompresses to {part.size} bytes, over the limit of {max_size}")
+    inserts = decompress(part.frame, key, None, max_size)
+    pieces: list[bytes | memoryview] = []
+    view, at, total = memoryview(base), 0, 0
+    for src, n in part.ops:
+        if n < 0 or src < -1 or (src >= 0 and src + n > len(base)):
+            raise CorruptFileError(key, f"splice range [{src}, {n}] outside its base")
+        if src == -1:
+            pieces.append(inserts[at : at + n])
+            at += n
+        else:
+            pieces.append(view[src : src + n])
+        total += n
+    if at != len(inserts) or total != part.size:
+        raise CorruptFileError(key, "splice ranges do not add up to the stored value")
+    out = b"".join(pieces)
+    if xxhash.xxh3_64_hexdigest(out) != part.digest:
+        raise CorruptFileError(key, "spliced value does not match its checksum (wrong or damaged base)")
+    return out
 
 
 def compress_delta(raw: bytes, base: bytes) -> bytes:
@@ -137,8 +281,8 @@ def unpack(data: bytes, key: str, max_size: int = DEFAULT_MAX_DECODED) -> Unpack
         header = json.loads(payload[4 : 4 + nh])
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CorruptFileError(key, f"header is not JSON: {exc}") from None
-    if not isinstance(header, dict) or header.get("v") != FORMAT_VERSION:
-        raise CorruptFileError(key, "header is not a version-1 LangGraph object header")
+    if not isinstance(header, dict) or header.get("v") not in READABLE_VERSIONS:
+        raise CorruptFileError(key, f"header is not a LangGraph object header of version {READABLE_VERSIONS}")
     out = Unpacked(header=header, raw=payload[4 + nh :])
     try:
         for meta in header.get("parts", []):
@@ -147,8 +291,14 @@ def unpack(data: bytes, key: str, max_size: int = DEFAULT_MAX_DECODED) -> Unpack
             if len(frame) != z:
                 raise CorruptFileError(key, f"channel {meta['c']!r}: frame is truncated")
             pos += z
-            out.parts[str(meta["c"])] = Part(channel=str(meta["c"]), type=str(meta["t"]), frame=frame,
-                                             base=meta["b"], depth=int(meta["d"]))
+            base = meta["b"]
+            kind = str(meta.get("k", "w" if base is None else "z"))
+            part = Part(channel=str(meta["c"]), type=str(meta["t"]), frame=frame,
+                        base=None if base is None else str(base), depth=int(meta["d"]), kind=kind)
+            if kind == "s":
+                part.ops = [[int(src), int(n)] for src, n in meta["o"]]
+                part.size, part.digest = int(meta["n"]), str(meta["h"])
+            out.parts[part.channel] = part
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptFileError(key, f"bad part list in header: {exc}") from None
     if pos != len(data):

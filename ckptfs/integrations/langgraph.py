@@ -236,7 +236,7 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
             if part.depth < 1:
                 raise CorruptFileError(loaded.key, f"channel {channel!r}: delta without depth")
             _, base, _ = self._channel(thread_id, ns, part.base, channel, seen, part.depth)
-        raw = fmt.decompress(part.frame, f"{loaded.key}#{channel}", base, self.max_decoded_bytes)
+        raw = fmt.decode_part(part, f"{loaded.key}#{channel}", base, self.max_decoded_bytes)
         item = (part.type, raw, part.depth)
         self._values.put(ck, item)
         return item
@@ -447,8 +447,8 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
             hit = self._values.get((thread_id, ns, str(prev[0]), channel))
             if (hit is not None and hit[2] + 1 < self.full_every
                     and len(hit[1]) <= fmt.MAX_DELTA_BASE and len(raw) <= fmt.MAX_DELTA_BASE):
-                return fmt.Part(channel, typ, fmt.compress_delta(raw, hit[1]), str(prev[0]), hit[2] + 1)
-        return fmt.Part(channel, typ, fmt.compress_full(raw))
+                return fmt.encode_part(channel, typ, raw, hit[1], str(prev[0]), hit[2] + 1)
+        return fmt.encode_part(channel, typ, raw)
 
     def _mark_run(self, run_id: str, thread_id: str, ns: str) -> None:
         """Once per (run, thread, namespace): lets delete_for_runs find the run without a full scan."""
