@@ -86,6 +86,9 @@ def parse_artifact_key(key: str) -> str | None:
 #   langgraph/threads/<thread>/<ns>/writes/<checkpoint_id>/<task_id>/<slot>   one task's pending writes
 #   langgraph/runs/<run_id>/<thread>/<ns>                    marker: this run wrote checkpoints there
 #
+# On local disk the keys of one <thread>/<ns> are records of one append-only log,
+# langgraph/threads/<thread>/<ns>/.records (ckptfs/logstore.py), not a file each: `lg_group_of`.
+#
 # LangGraph ids are user-provided, so every segment is percent-encoded: only [A-Za-z0-9_-] stays as
 # is; '.', '/', ':', '|', '%', space and non-ASCII become %XX (UTF-8), so no segment can be '.',
 # '..' or contain a separator, and the encoding is reversible. The namespace segment is "_" + the
@@ -168,3 +171,11 @@ def lg_run_prefix(run_id: str) -> str:
 
 def lg_run_marker_key(run_id: str, thread_id: str, checkpoint_ns: str) -> str:
     return f"{lg_run_prefix(run_id)}{lg_encode(thread_id, 'thread_id')}/{lg_ns_segment(checkpoint_ns)}"
+
+
+def lg_group_of(key: str) -> str | None:
+    """The thread-namespace prefix a key (or listing prefix) falls in, or None above that level."""
+    parts = key.split("/")
+    if len(parts) >= 5 and parts[0] == LG_ROOT and parts[1] == "threads" and parts[2] and parts[3]:
+        return "/".join(parts[:4]) + "/"
+    return None

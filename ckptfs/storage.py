@@ -30,7 +30,7 @@ import shutil
 import threading
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
@@ -193,6 +193,12 @@ class Storage(ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} cannot tell modification times")
 
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """Remove several objects in this order; backends that can batch it do (LogStorage:
+        one fdatasync per group)."""
+        for key in keys:
+            self.delete(key)
+
     def exists(self, key: str) -> bool:
         try:
             self.size(key)
@@ -230,6 +236,34 @@ _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
 
 
+def fsync_dir(d: str, enabled: bool = True) -> None:
+    """Make a directory's entries (a create, rename or unlink in it) durable."""
+    if not enabled:
+        return
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_dirs(d: str, fsync: bool = True) -> None:
+    """Create `d` and missing parents, each made durable by an fsync of its own parent: a file
+    fsync'd inside a directory whose own entry was never synced can vanish in a crash."""
+    missing = []
+    cur = d
+    while not os.path.isdir(cur):
+        missing.append(cur)
+        parent = os.path.dirname(cur)
+        if parent == cur:
+            break
+        cur = parent
+    for m in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(m)
+        fsync_dir(os.path.dirname(m), fsync)
+
+
 class LocalStorage(Storage):
     """Local disk with real durability: fsync the file and its directory before returning.
 
@@ -256,31 +290,17 @@ class LocalStorage(Storage):
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *check_key(key).split("/"))
 
+    def local_path(self, key: str) -> str:
+        """The file a key is stored in (for layers that manage their own files, e.g. logstore)."""
+        return self._path(key)
+
     def _ensure_dir(self, d: str) -> None:
-        if d in self._dirs:
-            return
-        missing = []
-        cur = d
-        while not os.path.isdir(cur):
-            missing.append(cur)
-            parent = os.path.dirname(cur)
-            if parent == cur:
-                break
-            cur = parent
-        for m in reversed(missing):
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(m)
-            self._fsync_dir(os.path.dirname(m))
-        self._dirs.add(d)
+        if d not in self._dirs:
+            make_dirs(d, self.fsync)
+            self._dirs.add(d)
 
     def _fsync_dir(self, d: str) -> None:
-        if not self.fsync:
-            return
-        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(d, self.fsync)
 
     def _etag(self, st: os.stat_result) -> str:
         return f"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"

@@ -89,11 +89,12 @@ def _put_chain(saver: CkptfsSaver, thread: str, n: int, ns: str = "", run_id: st
     return out
 
 
-def test_deltas_small_and_rebuilt_by_a_fresh_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("log", [True, False], ids=["log", "file-per-put"])
+def test_deltas_small_and_rebuilt_by_a_fresh_process(tmp_path: Path, log: bool) -> None:
     url = str(tmp_path / "s")
-    saver = CkptfsSaver(url, full_every=4)
+    saver = CkptfsSaver(url, full_every=4, log=log)
     chain = _put_chain(saver, "t", 10)
-    storage = open_storage(url)
+    storage = CkptfsSaver(url, log=log).storage
     sizes = [storage.size(k) for k in storage.list("langgraph/threads/t/_/ckpt/")]
     assert len(sizes) == 10
     # whole copies at versions 1, 5, 9 (full_every=4); the deltas in between stay small
@@ -138,7 +139,7 @@ def test_prune_keep_last_keeps_what_survivors_read(tmp_path: Path) -> None:
     assert left[0].checkpoint["channel_values"]["messages"] == chain[-1][1]
     assert left[0].checkpoint["channel_values"]["const"] == "fixed"  # held from checkpoint 0
     assert left[0].pending_writes == [("task-9", "__interrupt__", {"q": "?"})]
-    held = open_storage(url).list("langgraph/threads/t/_/held/")
+    held = fresh.storage.list("langgraph/threads/t/_/held/")
     assert held, "versions still read by the survivors must be held"
     with pytest.raises(ValueError, match="keep_last"):
         saver.prune(["t"], keep_last=0)
@@ -190,7 +191,7 @@ def test_ids_are_encoded_and_bad_ones_refused(memory_url: str) -> None:
 
 def test_flipped_byte_is_reported_not_misread(tmp_path: Path) -> None:
     url = str(tmp_path / "s")
-    chain = _put_chain(CkptfsSaver(url, full_every=4), "t", 3)
+    chain = _put_chain(CkptfsSaver(url, full_every=4, log=False), "t", 3)
     storage = open_storage(url)
     key = storage.list("langgraph/threads/t/_/ckpt/")[0]  # the whole copy the deltas build on
     data = bytearray(storage.get(key))
@@ -198,6 +199,20 @@ def test_flipped_byte_is_reported_not_misread(tmp_path: Path) -> None:
     storage.put(key, bytes(data))
     with pytest.raises(CorruptFileError):
         CkptfsSaver(url).get_tuple(chain[-1][0])
+
+
+def test_flipped_byte_in_the_log_is_reported_not_misread(tmp_path: Path) -> None:
+    url = str(tmp_path / "s")
+    chain = _put_chain(CkptfsSaver(url, full_every=4), "t", 3)
+    log = tmp_path / "s" / "langgraph" / "threads" / "t" / "_" / ".records"
+    assert sorted(p.name for p in log.parent.iterdir()) == [".records"]  # one file, not one per put
+    data = bytearray(log.read_bytes())
+    data[200] ^= 0x40  # inside the first record: the whole copy the deltas build on
+    log.write_bytes(bytes(data))
+    fresh = CkptfsSaver(url)
+    with pytest.raises(CorruptFileError):
+        fresh.get_tuple(chain[-1][0])
+    assert fresh.get_tuple(chain[0][0]) is None  # its record is damaged: not there, not misread
 
 
 def test_construction_errors(tmp_path: Path) -> None:
@@ -212,6 +227,62 @@ def test_construction_errors(tmp_path: Path) -> None:
     try:
         saver = CkptfsSaver(store=store)
         _put_chain(saver, f"t{uuid.uuid4().hex[:4]}", 1)
-        assert saver.storage is store.storage
+        assert getattr(saver.storage, "inner", None) is store.storage  # shared, with its logs on top
     finally:
         store.close()
+
+
+_PUTTER = """
+import sys
+from langgraph.checkpoint.base.id import uuid6
+from ckptfs.integrations.langgraph import CkptfsSaver
+saver = CkptfsSaver(sys.argv[1], full_every=8)
+cfg = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+last = saver.get_tuple(cfg)
+msgs = list(last.checkpoint["channel_values"]["messages"]) if last else []
+if last:
+    cfg = last.config
+print("ready", flush=True)
+for i in range(len(msgs), 1_000_000):
+    msgs.append(f"message {i} " + "abcdefghij" * (i % 40))
+    cp = {"v": 4, "id": str(uuid6(clock_seq=i)), "ts": "2026-01-01T00:00:00+00:00",
+          "channel_values": {"messages": list(msgs)}, "channel_versions": {"messages": i + 1},
+          "versions_seen": {}}
+    cfg = saver.put(cfg, cp, {"source": "loop", "step": i}, {"messages": i + 1})
+    print(cfg["configurable"]["checkpoint_id"], i, flush=True)
+"""
+
+
+def test_sigkill_mid_put_loses_no_acknowledged_checkpoint(tmp_path: Path) -> None:
+    """Real kills of a process putting checkpoints into the local log: every put that returned
+    reads back whole from a fresh process, and the next process resumes from the newest."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    url = str(tmp_path / "s")
+    rnd = random.Random(11)
+    acked: dict[str, int] = {}
+    root = Path(__file__).resolve().parent.parent
+    for _ in range(8):
+        kid = subprocess.Popen([sys.executable, "-c", _PUTTER, url], cwd=root, stdout=subprocess.PIPE,
+                               text=True)
+        assert kid.stdout is not None and kid.stdout.readline() == "ready\n"
+        time.sleep(rnd.uniform(0.05, 0.3))
+        kid.send_signal(signal.SIGKILL)
+        out, _ = kid.communicate(timeout=30)
+        # a line the kill cut short was never acknowledged
+        whole = [line.split() for line in out.splitlines(keepends=True) if line.endswith("\n")]
+        acked.update((cid, int(i)) for cid, i in whole)
+        fresh = CkptfsSaver(url)
+        newest = fresh.get_tuple({"configurable": {"thread_id": "t"}})
+        assert newest is not None
+        assert len(newest.checkpoint["channel_values"]["messages"]) >= max(acked.values()) + 1
+        for cid, i in rnd.sample(sorted(acked.items()), min(15, len(acked))):
+            tup = fresh.get_tuple({"configurable": {"thread_id": "t", "checkpoint_id": cid}})
+            assert tup is not None, f"acknowledged checkpoint {cid} (put {i}) is gone"
+            msgs = tup.checkpoint["channel_values"]["messages"]
+            assert len(msgs) == i + 1 and msgs[-1] == f"message {i} " + "abcdefghij" * (i % 40)
+    assert len(acked) > 50

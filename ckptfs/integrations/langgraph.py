@@ -50,6 +50,7 @@ from ckptfs.layout import (
     lg_checkpoint_key,
     lg_decode,
     lg_encode,
+    lg_group_of,
     lg_held_key,
     lg_ns_prefix,
     lg_run_marker_key,
@@ -59,7 +60,8 @@ from ckptfs.layout import (
     lg_write_key,
     lg_writes_prefix,
 )
-from ckptfs.storage import Storage, open_storage
+from ckptfs.logstore import LogStorage
+from ckptfs.storage import LocalStorage, Storage, open_storage
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +147,10 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
         version touches at most this many objects.
     cache_bytes
         Memory for recent serialized channel values (deltas compress against them).
+    log
+        On local disk, keep each thread namespace's objects as records of one append-only file
+        (one fdatasync per put, as SQLite's WAL, instead of a file each: fsync + rename + fsync
+        of the directory). Other backends store an object per put either way.
     """
 
     def __init__(
@@ -158,6 +164,7 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
         full_every: int = DEFAULT_FULL_EVERY,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         max_decoded_bytes: int = fmt.DEFAULT_MAX_DECODED,
+        log: bool = True,
     ) -> None:
         super().__init__(serde=serde)
         given = [x for x in (url, storage, store) if x is not None]
@@ -170,6 +177,8 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
         if storage is None:
             assert url is not None
             storage = open_storage(url, storage_options)
+        if log and isinstance(storage, LocalStorage):
+            storage = LogStorage(storage, lg_group_of)
         if not isinstance(full_every, int) or full_every < 1:
             raise ConfigError(f"full_every must be an integer >= 1, got {full_every!r}")
         self.storage: Storage = storage
@@ -503,12 +512,9 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
         # newest checkpoints first: whatever survives a crash midway still reads back whole
         ckpts = sorted((k for k in keys if f"/{_CKPT}" in k), key=lambda k: k.rsplit("/", 1)[1],
                        reverse=True)
-        for key in ckpts:
-            self.storage.delete(key)
+        self.storage.delete_many(ckpts)
         ckpt_set = set(ckpts)
-        for key in keys:
-            if key not in ckpt_set:
-                self.storage.delete(key)
+        self.storage.delete_many([key for key in keys if key not in ckpt_set])
         self._forget(thread_id)
 
     def _forget(self, thread_id: str, ns: str | None = None) -> None:
@@ -568,19 +574,19 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
                     part = holders[holder].obj.parts.get(channel) if holder in holders else None
                     holder = part.base if part is not None else None
         ns = str(next(iter(loaded.values())).header["ns"])
-        for cid in sorted(remove, reverse=True):
-            obj = loaded[cid].obj
-            if cid in needed:
-                head = {"kind": "held", "id": cid, "ns": ns, "refs": {}}
-                self.storage.put(lg_held_key(thread_id, ns, cid),
-                                 fmt.pack(head, b"", [p for c, p in obj.parts.items() if c in needed[cid]]))
-            self.storage.delete(lg_checkpoint_key(thread_id, ns, cid))
-            for wkey in self.storage.list(lg_writes_prefix(thread_id, ns, cid)):
-                self.storage.delete(wkey)
-        for key in held_keys:
-            cid = lg_decode(key.rsplit("/", 1)[1])
-            if cid not in needed and cid not in remove:
-                self.storage.delete(key)
+        # versions still read move to held/ first; then checkpoints go newest first, so whatever
+        # a crash midway leaves still reads back whole
+        for cid in sorted(remove & set(needed), reverse=True):
+            head = {"kind": "held", "id": cid, "ns": ns, "refs": {}}
+            parts = [p for c, p in loaded[cid].obj.parts.items() if c in needed[cid]]
+            self.storage.put(lg_held_key(thread_id, ns, cid), fmt.pack(head, b"", parts))
+        writes_of: dict[str, list[str]] = {}
+        for wkey in self.storage.list(prefix + "writes/"):
+            writes_of.setdefault(lg_decode(wkey[len(prefix) + 7 :].split("/", 1)[0]), []).append(wkey)
+        doomed = [lg_checkpoint_key(thread_id, ns, cid) for cid in sorted(remove, reverse=True)]
+        doomed += [w for cid in sorted(remove, reverse=True) for w in writes_of.get(cid, [])]
+        doomed += [key for key in held_keys if lg_decode(key.rsplit("/", 1)[1]) not in needed]
+        self.storage.delete_many(doomed)
         self._forget(thread_id, ns)
         return len(remove)
 

@@ -1,0 +1,545 @@
+"""One append-only local file of checksummed records: durable appends at one fdatasync each.
+
+Why it exists: on local disk a `Storage.put` costs a temp file, an fsync, a rename and an fsync
+of the directory (~0.5-0.65 ms measured here), while appending to a file that already exists and
+calling `fdatasync` once costs ~0.25 ms (what SQLite's WAL pays). A log-structured layer above
+this one keeps a group of keys in one such file; this module is only the file mechanics and knows
+nothing about keys.
+
+Record framing, little-endian::
+
+    MAGIC b"\\xc7CKR" | u32 payload length | u32 crc32(length bytes + payload) | payload
+
+A record at an offset is whole and valid when its magic matches, it ends inside the file and its
+crc matches. A scan that meets an invalid record searches forward for the next valid one: if
+there is one, the bytes in between are damage (recorded in `RecordLog.damaged`, logged, skipped);
+if there is none, they are a torn tail (a crash mid-append, or another writer mid-append right
+now), which a reader leaves alone and the next writer, holding the lock, truncates away.
+
+Concurrency: writers serialize with `flock` on the log file itself, so exclusion holds among
+ckptfs processes (not against programs that ignore the lock). Readers never lock: a record only
+becomes visible to them once it is whole, because its crc is checked. A rewrite replaces the
+file (new inode); every other `RecordLog` notices the new inode on its next `refresh` and is told
+to rebuild from the full new record list.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import struct
+import threading
+import uuid
+import zlib
+from collections.abc import Iterator, Sequence
+
+from ckptfs.errors import CorruptFileError
+from ckptfs.storage import TEMP_MARKER, fsync_dir, make_dirs
+
+logger = logging.getLogger(__name__)
+
+MAGIC = b"\xc7CKR"
+_HEADER = struct.Struct("<4sII")  # magic, payload length, crc32(length bytes + payload)
+HEADER_SIZE = _HEADER.size
+MAX_PAYLOAD = 0xFFFFFFFF
+
+_READ_AHEAD = 16 * 1024  # one pread serves a small record's header and payload together
+
+Record = tuple[int, bytes]  # (offset of the record's header, payload)
+_Ident = tuple[int, int]  # (st_dev, st_ino): a replaced file has another one
+
+
+def frame(payload: bytes) -> bytes:
+    """The bytes of one record; the crc covers the length too, so a flipped length is caught."""
+    n = len(payload)
+    if n > MAX_PAYLOAD:
+        raise ValueError(f"record payload of {n} bytes exceeds the {MAX_PAYLOAD}-byte limit")
+    length = n.to_bytes(4, "little")
+    return MAGIC + length + zlib.crc32(payload, zlib.crc32(length)).to_bytes(4, "little") + payload
+
+
+def _check(buf: bytes | memoryview, pos: int) -> tuple[int, str]:
+    """Length of the valid record at `pos` in `buf`, or (-1, why not)."""
+    if len(buf) - pos < HEADER_SIZE:
+        return -1, f"header cut short ({len(buf) - pos} of {HEADER_SIZE} bytes)"
+    magic, n, crc = _HEADER.unpack_from(buf, pos)
+    if magic != MAGIC:
+        return -1, "bad magic"
+    end = pos + HEADER_SIZE + n
+    if end > len(buf):
+        return -1, f"length {n} runs past the end of the file"
+    if zlib.crc32(buf[pos + HEADER_SIZE : end], zlib.crc32(buf[pos + 4 : pos + 8])) != crc:
+        return -1, "crc mismatch"
+    return n, ""
+
+
+class RecordLog:
+    """One append-only file of checksummed records.
+
+    Why a class with a view: callers (an index over the records) must learn cheaply what changed
+    since they last looked; the object remembers which file (inode) it has read and how far, so
+    `refresh` on an unchanged file is a single `stat`. One object may be shared by threads: its
+    state sits behind a lock, held for a whole `locked()` block too, because `flock` does not
+    exclude threads that share one open file.
+    """
+
+    def __init__(self, path: str, *, fsync: bool = True) -> None:
+        self.path = os.path.abspath(path)
+        self.fsync = fsync
+        self.damaged: list[tuple[int, str]] = []
+        self._lock = threading.RLock()  # view state and locked() sessions
+        self._fd_lock = threading.Lock()  # only around swapping or using _fd, so reads stay short
+        self._fd: int | None = None  # read fd of the file in view
+        self._ident: _Ident | None = None  # None: no file in view (never seen, or seen gone)
+        self._end = 0  # offset after the last whole record (or skipped damage) scanned
+        self._pending: list[Record] = []  # found by an implicit scan in append, not yet returned
+        self._pending_replaced = False
+        self._session: LockedLog | None = None
+        self._wfd: int | None = None  # O_RDWR fd that carries the flock, kept between blocks
+        self._wident: _Ident | None = None
+        self._wpid = 0  # a forked child shares the open file, hence the lock: it must reopen
+        self._dir_ready = False
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"RecordLog({self.path!r})"
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def refresh(self) -> tuple[bool, list[Record]]:
+        """Catch up with the file without locking: (replaced, records not returned before).
+
+        replaced=True means the file was rewritten, deleted or recreated since this object last
+        looked; `records` then holds every record of the current file (none if it is gone) and
+        the caller rebuilds its index from them. Records this object appended itself are not
+        returned (the caller has their offsets from `append`), except after an append that had
+        to catch up first (see `LockedLog.append`). A partial record at the end is
+        left for the next call: it is another writer mid-append, or a torn tail the next writer
+        removes.
+        """
+        with self._lock:
+            self._check_open()
+            try:
+                st = os.stat(self.path)
+            except FileNotFoundError:
+                return self._deliver(self._lose_file(), [])
+            ident = (st.st_dev, st.st_ino)
+            if ident == self._ident and st.st_size == self._end and not self._pending:
+                return False, []
+            replaced = False
+            if ident != self._ident:
+                try:
+                    fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    return self._deliver(self._lose_file(), [])
+                fst = os.fstat(fd)
+                replaced = self._adopt(fd, (fst.st_dev, fst.st_ino))
+                size = fst.st_size
+            else:
+                size = st.st_size
+            replaced |= self._rewind_if_shrunk(size)
+            assert self._fd is not None
+            records, _ = self._scan(self._fd, size)
+            return self._deliver(replaced, records)
+
+    def read(self, offset: int) -> bytes:
+        """The payload of the record at `offset`, its crc verified.
+
+        Reads the file this object last looked at (by `refresh` or under the lock), the one its
+        offsets refer to: a file replaced since is not read at stale offsets, where another valid
+        record could sit. FileNotFoundError when this object found the file gone, or has looked
+        at none and there is none.
+        """
+        self._check_open()
+        with self._fd_lock:
+            if self._fd is not None:
+                return self._read_at(self._fd, offset)
+        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)  # nothing in view yet: the file as it is
+        try:
+            return self._read_at(fd, offset)
+        finally:
+            os.close(fd)
+
+    def _read_at(self, fd: int, offset: int) -> bytes:
+        if offset < 0:
+            raise ValueError(f"{self.path}: negative record offset {offset}")
+        buf = os.pread(fd, _READ_AHEAD, offset)
+        if len(buf) >= HEADER_SIZE:
+            magic, n, _ = _HEADER.unpack_from(buf)
+            if magic == MAGIC and len(buf) < HEADER_SIZE + n <= os.fstat(fd).st_size - offset:
+                buf += _pread_all(fd, HEADER_SIZE + n - len(buf), offset + len(buf))
+        n, why = _check(buf, 0)
+        if n < 0:
+            raise CorruptFileError(self.path, f"record at offset {offset}: {why}")
+        return bytes(buf[HEADER_SIZE : HEADER_SIZE + n])
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[LockedLog]:
+        """Hold the log exclusively among ckptfs processes (and this object's threads).
+
+        `flock(LOCK_EX)` on the log file itself, opened O_RDWR|O_CREAT. The path may be replaced
+        (a rewrite) or removed between our open and our lock; then we hold a lock on a file
+        nobody uses any more, so we compare inodes after locking and start again. The write fd
+        stays open between blocks (unlocked with LOCK_UN): open + close cost ~0.03 ms a commit.
+        """
+        with self._lock:
+            self._check_open()
+            if self._session is not None:
+                raise RuntimeError(f"{self.path}: locked() is not reentrant")
+            self._ensure_dir()
+            fd, size = self._acquire()
+            session = LockedLog(self, fd, size)
+            self._session = session
+            try:
+                yield session
+            finally:
+                self._session = None
+                session._end_session()
+
+    def rewrite(self, payloads: Sequence[bytes]) -> list[int]:
+        """Replace the log by one holding exactly these records; return their offsets.
+
+        The compaction step: temp file beside the log, fsync, `os.replace`, fsync of the
+        directory, so a crash leaves the old log or the new one, never a mix. The new file is
+        locked before it takes the log's name, so no other writer slips in between. With no
+        payloads the log is removed. Takes the lock itself, or uses the `locked()` block this
+        thread is in (so a caller can read with `new_records()` and rewrite atomically).
+        """
+        if not payloads:
+            self.remove()
+            return []
+        with self._lock:
+            if self._session is not None:
+                return self._session._rewrite(payloads)
+            with self.locked() as session:
+                return session._rewrite(payloads)
+
+    def remove(self) -> None:
+        """Unlink the log (and fsync its directory) under the lock; a missing log is fine."""
+        with self._lock:
+            self._check_open()
+            if self._session is not None:
+                self._session._remove()
+                return
+            if not os.path.exists(self.path):
+                self._lose_file()  # our own doing: a following refresh reports nothing
+                self._pending, self._pending_replaced = [], False
+                return
+            with self.locked() as session:
+                session._remove()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._set_fd(None)
+            self._drop_wfd()
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"{self.path}: RecordLog is closed")
+
+    def _set_fd(self, fd: int | None) -> None:
+        with self._fd_lock:
+            old, self._fd = self._fd, fd
+        if old is not None:
+            os.close(old)
+
+    def _adopt(self, fd: int, ident: _Ident) -> bool:
+        """Put another file in view; True when it replaces one we had seen."""
+        replaced = self._ident is not None
+        self._set_fd(fd)
+        self._ident = ident
+        self._end = 0
+        self.damaged = []
+        return replaced
+
+    def _lose_file(self) -> bool:
+        """The file is gone: True when we had one in view (the caller must drop its index)."""
+        replaced = self._ident is not None
+        self._set_fd(None)
+        self._ident = None
+        self._end = 0
+        self.damaged = []
+        return replaced
+
+    def _rewind_if_shrunk(self, size: int) -> bool:
+        """ckptfs never shrinks a log below its last whole record; something else did: start over."""
+        if size >= self._end:
+            return False
+        logger.warning("%s: shrank in place from %d to %d bytes; rereading it from the start",
+                       self.path, self._end, size)
+        self._end = 0
+        self.damaged = []
+        return True
+
+    def _deliver(self, replaced: bool, records: list[Record]) -> tuple[bool, list[Record]]:
+        """Merge with what an earlier append found and nobody returned yet."""
+        if replaced:
+            out_replaced, out = True, records  # the pending ones belonged to the old file
+        else:
+            out_replaced, out = self._pending_replaced, self._pending + records
+        self._pending, self._pending_replaced = [], False
+        return out_replaced, out
+
+    def _scan(self, fd: int, size: int) -> tuple[list[Record], int]:
+        """Whole records from `_end` to `size`; returns them and the size of a torn tail."""
+        start = self._end
+        if size <= start:
+            return [], 0
+        raw = _pread_all(fd, size - start, start)
+        buf = memoryview(raw)
+        records: list[Record] = []
+        pos = 0
+        while pos < len(buf):
+            n, why = _check(buf, pos)
+            if n >= 0:
+                records.append((start + pos, bytes(buf[pos + HEADER_SIZE : pos + HEADER_SIZE + n])))
+                pos += HEADER_SIZE + n
+                continue
+            nxt = _next_valid(raw, buf, pos + 1)
+            if nxt < 0:
+                break  # a torn tail, or a record still being written
+            self.damaged.append((start + pos, why))
+            logger.warning("%s: %d damaged bytes at offset %d skipped (%s)",
+                           self.path, nxt - pos, start + pos, why)
+            pos = nxt
+        self._end = start + pos
+        return records, len(buf) - pos
+
+    def _ensure_dir(self) -> None:
+        """Create missing parents, each made durable by an fsync of its own parent."""
+        if not self._dir_ready:
+            make_dirs(os.path.dirname(self.path), self.fsync)
+            self._dir_ready = True
+
+    def _acquire(self) -> tuple[int, int]:
+        """Lock the file now at our path; return the write fd and the file's size."""
+        while True:
+            if self._wfd is not None and self._wpid != os.getpid():
+                self._drop_wfd()  # the parent's description: closing our copy leaves its lock be
+            if self._wfd is None:
+                try:
+                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                except FileNotFoundError:  # our directory was removed since we made it
+                    self._dir_ready = False
+                    self._ensure_dir()
+                    continue
+                fst = os.fstat(fd)
+                self._wfd, self._wident, self._wpid = fd, (fst.st_dev, fst.st_ino), os.getpid()
+            fd = self._wfd
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    st = os.stat(self.path)
+                except FileNotFoundError:
+                    st = None
+            except BaseException:
+                self._drop_wfd()
+                raise
+            if st is not None and (st.st_dev, st.st_ino) == self._wident:
+                if st.st_size == 0:
+                    # New (or emptied) file: make its name durable before any record relies
+                    # on it; a creator killed before doing so is covered by the next writer.
+                    fsync_dir(os.path.dirname(self.path), self.fsync)
+                return fd, st.st_size
+            self._drop_wfd()  # replaced or removed since we opened it: try the file there now
+
+    def _drop_wfd(self) -> None:
+        fd, self._wfd, self._wident = self._wfd, None, None
+        if fd is not None:
+            os.close(fd)  # also releases a flock held through it
+
+
+class LockedLog:
+    """The log while this process holds its lock: catch up, repair a torn tail, append."""
+
+    def __init__(self, log: RecordLog, fd: int, size: int) -> None:
+        self._log = log
+        self._fd: int | None = fd
+        self._size: int | None = size  # as stat() found it once locked: spares an fstat
+        self._caught_up = False
+        self._removed = False
+
+    def new_records(self) -> tuple[bool, list[Record]]:
+        """Like `RecordLog.refresh`, but under the lock, so a torn tail is truly dead bytes.
+
+        It is truncated away (ftruncate + fdatasync, logged) so that new records follow the last
+        whole one and a later scan never mistakes the junk for damage before valid data.
+        """
+        log, fd = self._log, self._live_fd()
+        size = os.fstat(fd).st_size if self._size is None else self._size
+        self._size = None
+        ident = log._wident
+        assert ident is not None
+        replaced = False
+        if ident != log._ident:
+            replaced = log._adopt(_open_view(log.path, ident), ident)
+        replaced |= log._rewind_if_shrunk(size)
+        records, tail = log._scan(fd, size)
+        if tail:
+            logger.warning("%s: truncating a torn tail of %d bytes at offset %d", log.path, tail,
+                           log._end)
+            os.ftruncate(fd, log._end)
+            if log.fsync:
+                os.fdatasync(fd)
+        self._caught_up = True
+        return log._deliver(replaced, records)
+
+    def append(self, payloads: Sequence[bytes]) -> list[int]:
+        """Write the records with one write and one fdatasync; durable on return.
+
+        Catches up first if the caller has not, so records by others are never overwritten and
+        no torn tail precedes ours. What that finds is returned by the next `refresh`, followed
+        by the records appended here (normally a refresh leaves out this object's own appends).
+        Callers that check their index before appending (put-if-absent, compare-and-swap) must
+        call `new_records()` themselves first.
+        """
+        log = self._log
+        fd = self._live_fd()
+        if not self._caught_up:
+            if self._size == log._end and log._wident == log._ident:
+                self._caught_up = True  # the common case: nobody wrote since our last look
+            else:
+                replaced, found = self.new_records()
+                log._pending_replaced, log._pending = replaced, found
+        if not payloads:
+            return []
+        start = pos = log._end
+        if len(payloads) == 1:
+            data = frame(payloads[0])
+            offsets = [start]
+            pos += len(data)
+        else:
+            frames = [frame(p) for p in payloads]
+            offsets = []
+            for f in frames:
+                offsets.append(pos)
+                pos += len(f)
+            data = b"".join(frames)
+        try:
+            written = os.pwrite(fd, data, start)
+            while written < len(data):  # a short write only happens near ENOSPC; the next one raises
+                written += os.pwrite(fd, data[written:], start + written)
+            if log.fsync:
+                os.fdatasync(fd)
+        except BaseException:
+            # Not acknowledged: take the partial bytes back so no later record follows them.
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)
+            raise
+        log._end = pos
+        if log._pending or log._pending_replaced:
+            # The caller has not seen what the catch-up found: hand ours back after it, so a
+            # caller applying the next refresh in order ends in file order (and a rebuild after
+            # replaced=True is complete).
+            log._pending.extend(zip(offsets, (bytes(p) for p in payloads), strict=True))
+        return offsets
+
+    def _rewrite(self, payloads: Sequence[bytes]) -> list[int]:
+        log = self._log
+        old_fd = self._live_fd()
+        frames = [frame(p) for p in payloads]
+        d, name = os.path.split(log.path)
+        tmp = os.path.join(d, f".{name}{TEMP_MARKER}{uuid.uuid4().hex[:12]}")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # nobody knows it yet: never blocks
+            data = b"".join(frames)
+            written = 0
+            while written < len(data):
+                written += os.pwrite(fd, data[written:], written)
+            if log.fsync:
+                os.fsync(fd)
+            os.replace(tmp, log.path)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        # The new file holds our lock and our name: waiters on the old one will find it replaced.
+        assert old_fd == log._wfd
+        log._drop_wfd()
+        fst = os.fstat(fd)
+        ident = (fst.st_dev, fst.st_ino)
+        self._fd, self._size = fd, None
+        log._wfd, log._wident, log._wpid = fd, ident, os.getpid()
+        fsync_dir(d, log.fsync)
+        log._adopt(_open_view(log.path, ident), ident)
+        log._end = len(data)
+        log._pending, log._pending_replaced = [], False
+        self._caught_up = True
+        offsets, pos = [], 0
+        for f in frames:
+            offsets.append(pos)
+            pos += len(f)
+        return offsets
+
+    def _remove(self) -> None:
+        log = self._log
+        self._live_fd()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(log.path)
+        fsync_dir(os.path.dirname(log.path), log.fsync)
+        log._lose_file()
+        log._pending, log._pending_replaced = [], False
+        self._removed = True  # keep holding the old lock until the block ends; it guards nothing now
+
+    def _live_fd(self) -> int:
+        if self._fd is None:
+            raise RuntimeError(f"{self._log.path}: used outside its locked() block")
+        if self._removed:
+            raise RuntimeError(f"{self._log.path}: the log was removed in this locked() block")
+        return self._fd
+
+    def _end_session(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        if self._removed:
+            self._log._drop_wfd()  # its file is gone: closing releases the lock
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except OSError:
+            self._log._drop_wfd()
+            raise
+
+
+def _next_valid(raw: bytes, buf: memoryview, pos: int) -> int:
+    """Offset of the next valid record at or after `pos`, or -1 (`buf` is a view of `raw`)."""
+    while True:
+        pos = raw.find(MAGIC, pos)
+        if pos < 0:
+            return -1
+        if _check(buf, pos)[0] >= 0:
+            return pos
+        pos += 1
+
+
+def _open_view(path: str, ident: _Ident) -> int:
+    """A separate read fd for the view, so that it never carries the write fd's lock."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fst = os.fstat(fd)
+    if (fst.st_dev, fst.st_ino) != ident:
+        os.close(fd)
+        raise RuntimeError(f"{path}: replaced while we held its lock (a writer ignoring the lock?)")
+    return fd
+
+
+def _pread_all(fd: int, n: int, offset: int) -> bytes:
+    """Up to `n` bytes from `offset`: fewer only at end of file (pread may return short)."""
+    parts = []
+    while n > 0:
+        chunk = os.pread(fd, min(n, 1 << 30), offset)
+        if not chunk:
+            break
+        parts.append(chunk)
+        n -= len(chunk)
+        offset += len(chunk)
+    return b"".join(parts)
