@@ -13,6 +13,7 @@ only removes what lies below it), that journal records replay onto each snapshot
 delta, that the newest reachable state is a valid step graph, and that every referenced
 artifact exists (and, at level "data", matches its sha256). Leftovers are reported too:
 temp files, stray keys, records beyond or off the valid chain, unreferenced artifacts.
+A LangGraph saver's keys under `langgraph/` are checked by `integrations/lgcheck.py`.
 
 `subset="K/N"` hashes only the K-th of N deterministic slices of the artifacts (by their
 sha256 name), restic's `--read-data-subset`, so a large bucket is covered over N nights;
@@ -42,7 +43,8 @@ from ckptfs.errors import (
     StorageUnavailableError,
     UnsupportedFormatError,
 )
-from ckptfs.layout import RUNS, RunFile, artifact_key, log_key, parse_artifact_key, parse_run_key
+from ckptfs.integrations.lgcheck import check_langgraph
+from ckptfs.layout import LG_ROOT, RUNS, RunFile, artifact_key, log_key, parse_artifact_key, parse_run_key
 from ckptfs.models import AgentRun, ArtifactRef, Step, ToolCall, graph_problems, validate_id
 from ckptfs.storage import TEMP_MARKER, Storage, open_storage, scrub_secrets
 from ckptfs.store import REFS_FIELD
@@ -691,6 +693,7 @@ def _verify(checker: _Checker, storage: Storage, report: Report, run_id: str | N
         return
     runs: dict[str, list[RunFile]] = {}
     artifacts: list[str] = []
+    langgraph: list[str] = []
     for key in keys:
         name = key.rsplit("/", 1)[-1]
         if TEMP_MARKER in name:
@@ -710,6 +713,9 @@ def _verify(checker: _Checker, storage: Storage, report: Report, run_id: str | N
         if sha is not None:
             artifacts.append(sha)
             continue
+        if parts[0] == LG_ROOT:
+            langgraph.append(key)
+            continue
         report.add("warning", "stray", "not a ckptfs file (unexpected key)", key)
     sub = checker.subset
     run_ids = sorted(runs)
@@ -727,6 +733,9 @@ def _verify(checker: _Checker, storage: Storage, report: Report, run_id: str | N
         report.runs += 1
         checker.check_run(rid, sorted(runs[rid]))
     _check_artifacts(checker, storage, report, artifacts, whole_store)
+    for severity, code, message, key in check_langgraph(storage, langgraph, checker.level,
+                                                         checker.max_decoded):
+        report.add(severity, code, message, key or None)
 
 
 def _check_artifacts(checker: _Checker, storage: Storage, report: Report, listed: list[str],

@@ -1,0 +1,165 @@
+"""The LangGraph saver's data, checked without LangGraph: what `ckptfs verify` runs on `langgraph/`.
+
+A store shared between a `CheckpointStore` and a `CkptfsSaver` (the saver's `store=` option)
+holds both; verify must judge the saver's keys rather than call them stray, or the maintenance
+job would fail on every healthy shared store. This reads the same bytes the saver reads, with the
+same format code (`_lgformat`), and never imports LangGraph or runs its serializer: values stay
+opaque bytes, but every frame, splice and delta chain is rebuilt and checksum-checked at level
+"data", and at level "structure" every object is parsed and every reference resolved.
+
+Findings are plain tuples (severity, code, message, key) so the checker, one layer up, turns
+them into its own `Finding`s.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from ckptfs.errors import CkptfsError
+from ckptfs.integrations import _lgformat as fmt
+from ckptfs.layout import LG_ROOT, lg_group_of
+from ckptfs.logfile import RecordLog
+from ckptfs.logstore import LOG_NAME, LogStorage
+from ckptfs.storage import LocalStorage, Storage
+
+Problem = tuple[str, str, str, str]  # severity, code, message, key
+
+
+def check_langgraph(storage: Storage, keys: list[str], level: str,
+                    max_size: int = fmt.DEFAULT_MAX_DECODED) -> Iterator[Problem]:
+    """Check every LangGraph key among `keys` (as the raw storage lists them)."""
+    view: Storage = storage
+    groups: set[str] = set()
+    for key in keys:
+        if key.endswith("/" + LOG_NAME) and isinstance(storage, LocalStorage):
+            group = key[: -len(LOG_NAME)]
+            if lg_group_of(group) == group:
+                groups.add(group)
+                log = RecordLog(storage.local_path(key), fsync=False)
+                try:
+                    log.refresh()
+                    for offset, why in log.damaged:
+                        yield ("error", "lg-damaged-record",
+                               f"damaged record at byte {offset} skipped ({why}): what it held is lost", key)
+                finally:
+                    log.close()
+                continue
+        owner = lg_group_of(key)
+        if owner is not None:
+            groups.add(owner)
+        elif key.startswith(f"{LG_ROOT}/runs/"):
+            yield from _check_marker(storage, key)
+        else:
+            yield ("warning", "stray", "not a ckptfs LangGraph file (unexpected key)", key)
+    if isinstance(storage, LocalStorage):
+        view = LogStorage(storage, lg_group_of)
+    try:
+        for group in sorted(groups):
+            yield from _check_group(view, group, level, max_size)
+    finally:
+        if view is not storage:
+            view.close()
+
+
+def _check_marker(storage: Storage, key: str) -> Iterator[Problem]:
+    try:
+        info = json.loads(storage.get(key))
+        ok = isinstance(info, dict) and {"thread_id", "checkpoint_ns"} <= set(info)
+    except (ValueError, UnicodeDecodeError):
+        ok = False
+    except FileNotFoundError:
+        return
+    if not ok:
+        yield ("error", "lg-bad-marker", "run marker is not the JSON delete_for_runs reads", key)
+
+
+def _check_group(storage: Storage, group: str, level: str, max_size: int) -> Iterator[Problem]:
+    """One thread namespace: every object parses, every reference resolves, (data) every value
+    rebuilds through its chain."""
+    objects: dict[str, fmt.Unpacked] = {}  # checkpoint id -> its ckpt/ (or else held/) object
+    where: dict[str, str] = {}
+    checkpoints: list[str] = []
+    for key in storage.list(group):
+        rest = key[len(group):]
+        kind = rest.split("/", 1)[0]
+        if kind not in ("ckpt", "held", "writes"):
+            yield ("warning", "stray", "not a ckptfs LangGraph file (unexpected key)", key)
+            continue
+        try:
+            obj = fmt.unpack(storage.get(key), key, max_size)
+        except FileNotFoundError:
+            continue
+        except CkptfsError as exc:
+            yield ("error", "lg-corrupt", str(exc), key)
+            continue
+        if kind == "writes":
+            yield from _check_writes(obj, key)
+            continue
+        cid = str(obj.header.get("id"))
+        if kind == "ckpt":
+            checkpoints.append(cid)
+        if kind == "ckpt" or cid not in objects:
+            objects[cid], where[cid] = obj, key
+    values: dict[tuple[str, str], bytes | None] = {}
+    for cid in sorted(checkpoints):
+        obj = objects[cid]
+        refs = obj.header.get("refs")
+        if not isinstance(refs, dict):
+            yield ("error", "lg-corrupt", "checkpoint header has no channel references", where[cid])
+            continue
+        for channel, ref in refs.items():
+            holder = ref[0] if isinstance(ref, list) and ref else None
+            if holder is None:
+                continue
+            problem = _resolve(objects, where, str(holder), str(channel), level, max_size, values)
+            if problem is not None:
+                yield (*problem[:2], f"checkpoint {cid}, channel {channel!r}: {problem[2]}", problem[3])
+
+
+def _resolve(objects: dict[str, fmt.Unpacked], where: dict[str, str], holder: str, channel: str,
+             level: str, max_size: int, values: dict[tuple[str, str], bytes | None],
+             depth: int = 0) -> Problem | None:
+    """Follow one channel version down its delta chain; at level "data" rebuild its value."""
+    if (holder, channel) in values:
+        return None if values[(holder, channel)] is not None or level != "data" else (
+            "error", "lg-unreadable", "its value cannot be rebuilt (see the first finding)", where[holder])
+    obj = objects.get(holder)
+    if obj is None:
+        return ("error", "lg-missing-version", f"the version it reads lives in checkpoint {holder}, "
+                "which is gone", "")
+    part = obj.parts.get(channel)
+    if part is None:
+        return ("error", "lg-missing-version", "referenced here but not stored", where[holder])
+    if depth > 512 or (part.base is not None and part.depth < 1):
+        return ("error", "lg-corrupt", "delta chain does not end", where[holder])
+    base = None
+    if part.base is not None:
+        problem = _resolve(objects, where, part.base, channel, level, max_size, values, depth + 1)
+        if problem is not None:
+            values[(holder, channel)] = None
+            return problem
+        base = values.get((part.base, channel))
+    if level == "data":
+        try:
+            values[(holder, channel)] = fmt.decode_part(part, f"{where[holder]}#{channel}", base, max_size)
+        except CkptfsError as exc:
+            values[(holder, channel)] = None
+            return ("error", "lg-corrupt", str(exc), where[holder])
+    else:
+        values[(holder, channel)] = b""
+    return None
+
+
+def _check_writes(obj: fmt.Unpacked, key: str) -> Iterator[Problem]:
+    items: Any = obj.header.get("items")
+    try:
+        total = sum(int(item[3]) for item in items)
+    except (TypeError, ValueError, IndexError):
+        yield ("error", "lg-corrupt", "pending-writes header has no item list", key)
+        return
+    if total != len(obj.raw):
+        yield ("error", "lg-corrupt", f"pending writes hold {len(obj.raw)} bytes, the header says {total}",
+               key)
+
