@@ -8,13 +8,18 @@ nothing about keys.
 
 Record framing, little-endian::
 
-    MAGIC b"\\xc7CKR" | u32 payload length | u32 crc32(length bytes + payload) | payload
+    MAGIC b"\\xc7CKR" | u32 length | u32 crc32(length bytes + payload) | u32 crc32(12 bytes before)
+    | payload
 
-A record at an offset is whole and valid when its magic matches, it ends inside the file and its
-crc matches. A scan that meets an invalid record searches forward for the next valid one: if
-there is one, the bytes in between are damage (recorded in `RecordLog.damaged`, logged, skipped);
-if there is none, they are a torn tail (a crash mid-append, or another writer mid-append right
-now), which a reader leaves alone and the next writer, holding the lock, truncates away.
+A record at an offset is whole and valid when its header crc matches, it ends inside the file and
+its payload crc matches. A header that is intact but claims bytes past the end of the file is a
+record being written right now or torn by a crash: the scan stops there. A payload that fails its
+crc under an intact header is damage bounded by that header. Only a damaged header makes the scan
+search forward (for the next valid record); no search ever starts inside a record whose end is
+known, so bytes stored *inside* a value (which may well contain a whole valid frame: a state can
+hold a copy of a log) are never taken for a record. Bytes skipped before a later valid record are
+damage (recorded in `RecordLog.damaged`, logged); with no valid record after them they are a
+torn tail, which readers leave alone and the next writer, holding the lock, truncates away.
 
 Concurrency: writers serialize with `flock` on the log file itself, so exclusion holds among
 ckptfs processes (not against programs that ignore the lock). Readers never lock: a record only
@@ -41,7 +46,7 @@ from ckptfs.storage import TEMP_MARKER, fsync_dir, make_dirs
 logger = logging.getLogger(__name__)
 
 MAGIC = b"\xc7CKR"
-_HEADER = struct.Struct("<4sII")  # magic, payload length, crc32(length bytes + payload)
+_HEADER = struct.Struct("<4sIII")  # magic, payload length, crc32(length + payload), crc32(the 12 before)
 HEADER_SIZE = _HEADER.size
 MAX_PAYLOAD = 0xFFFFFFFF
 
@@ -52,24 +57,37 @@ _Ident = tuple[int, int]  # (st_dev, st_ino): a replaced file has another one
 
 
 def frame(payload: bytes) -> bytes:
-    """The bytes of one record; the crc covers the length too, so a flipped length is caught."""
+    """The bytes of one record. The header has its own crc, so a scan that meets a damaged
+    payload still knows where the record ends and never looks for records inside it."""
     n = len(payload)
     if n > MAX_PAYLOAD:
         raise ValueError(f"record payload of {n} bytes exceeds the {MAX_PAYLOAD}-byte limit")
     length = n.to_bytes(4, "little")
-    return MAGIC + length + zlib.crc32(payload, zlib.crc32(length)).to_bytes(4, "little") + payload
+    head = MAGIC + length + zlib.crc32(payload, zlib.crc32(length)).to_bytes(4, "little")
+    return head + zlib.crc32(head).to_bytes(4, "little") + payload
+
+
+def _claimed(buf: bytes | memoryview, pos: int) -> int:
+    """Payload length a record header at `pos` claims if the header itself is intact, else -1."""
+    if len(buf) - pos < HEADER_SIZE:
+        return -1
+    magic, n, _crc, hcrc = _HEADER.unpack_from(buf, pos)
+    if magic != MAGIC or zlib.crc32(buf[pos : pos + HEADER_SIZE - 4]) != hcrc:
+        return -1
+    return int(n)
 
 
 def _check(buf: bytes | memoryview, pos: int) -> tuple[int, str]:
     """Length of the valid record at `pos` in `buf`, or (-1, why not)."""
     if len(buf) - pos < HEADER_SIZE:
         return -1, f"header cut short ({len(buf) - pos} of {HEADER_SIZE} bytes)"
-    magic, n, crc = _HEADER.unpack_from(buf, pos)
-    if magic != MAGIC:
-        return -1, "bad magic"
+    n = _claimed(buf, pos)
+    if n < 0:
+        return -1, "bad magic" if bytes(buf[pos : pos + 4]) != MAGIC else "header crc mismatch"
     end = pos + HEADER_SIZE + n
     if end > len(buf):
         return -1, f"length {n} runs past the end of the file"
+    crc = _HEADER.unpack_from(buf, pos)[2]
     if zlib.crc32(buf[pos + HEADER_SIZE : end], zlib.crc32(buf[pos + 4 : pos + 8])) != crc:
         return -1, "crc mismatch"
     return n, ""
@@ -101,6 +119,7 @@ class RecordLog:
         self._wident: _Ident | None = None
         self._wpid = 0  # a forked child shares the open file, hence the lock: it must reopen
         self._dir_ready = False
+        self._swept = False
         self._closed = False
 
     def __repr__(self) -> str:
@@ -167,8 +186,8 @@ class RecordLog:
             raise ValueError(f"{self.path}: negative record offset {offset}")
         buf = os.pread(fd, _READ_AHEAD, offset)
         if len(buf) >= HEADER_SIZE:
-            magic, n, _ = _HEADER.unpack_from(buf)
-            if magic == MAGIC and len(buf) < HEADER_SIZE + n <= os.fstat(fd).st_size - offset:
+            n = _claimed(buf, 0)
+            if n >= 0 and len(buf) < HEADER_SIZE + n <= os.fstat(fd).st_size - offset:
                 buf += _pread_all(fd, HEADER_SIZE + n - len(buf), offset + len(buf))
         n, why = _check(buf, 0)
         if n < 0:
@@ -192,6 +211,8 @@ class RecordLog:
                 raise RuntimeError(f"{self.path}: locked() is not reentrant")
             self._ensure_dir()
             fd, size = self._acquire()
+            if not self._swept:
+                self._sweep_temps()
             session = LockedLog(self, fd, size)
             self._session = session
             try:
@@ -199,6 +220,19 @@ class RecordLog:
             finally:
                 self._session = None
                 session._end_session()
+
+    def _sweep_temps(self) -> None:
+        """Remove temp files a rewrite killed midway left (once per object, under the lock: no
+        rewrite can be running, so every such file is dead)."""
+        d, name = os.path.split(self.path)
+        stem = f".{name}{TEMP_MARKER}"
+        with contextlib.suppress(FileNotFoundError):
+            for entry in os.scandir(d):
+                if entry.name.startswith(stem):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+                    logger.info("%s: removed %s, left by an interrupted rewrite", self.path, entry.name)
+        self._swept = True
 
     def rewrite(self, payloads: Sequence[bytes]) -> list[int]:
         """Replace the log by one holding exactly these records; return their offsets.
@@ -302,9 +336,14 @@ class RecordLog:
                 records.append((start + pos, bytes(buf[pos + HEADER_SIZE : pos + HEADER_SIZE + n])))
                 pos += HEADER_SIZE + n
                 continue
-            nxt = _next_valid(raw, buf, pos + 1)
+            claimed = _claimed(buf, pos)
+            if claimed >= 0 and pos + HEADER_SIZE + claimed > len(buf):
+                break  # a record still being written, or torn by a crash: never look inside it
+            # an intact header bounds the damage to its own record; only a damaged header
+            # makes us search, and a search never starts inside a record we know the end of
+            nxt = _next_valid(raw, buf, pos + HEADER_SIZE + claimed if claimed >= 0 else pos + 1)
             if nxt < 0:
-                break  # a torn tail, or a record still being written
+                break  # a torn tail
             self.damaged.append((start + pos, why))
             logger.warning("%s: %d damaged bytes at offset %d skipped (%s)",
                            self.path, nxt - pos, start + pos, why)

@@ -27,8 +27,10 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
+import xxhash
+
 from ckptfs.errors import CorruptFileError
-from ckptfs.logfile import RecordLog
+from ckptfs.logfile import HEADER_SIZE, RecordLog
 from ckptfs.storage import (
     TEMP_MARKER,
     Capabilities,
@@ -57,29 +59,43 @@ def _parse(payload: bytes, where: str) -> tuple[bytes, str, int]:
     if len(payload) < 3 or payload[:1] not in (_PUT, _DEL):
         raise CorruptFileError(where, "log record is neither a put nor a delete")
     (n,) = _KEYLEN.unpack_from(payload, 1)
+    if 3 + n > len(payload):
+        raise CorruptFileError(where, "log record key runs past the record")
     try:
-        key = payload[3 : 3 + n].decode()
-    except UnicodeDecodeError:
-        raise CorruptFileError(where, "log record key is not UTF-8") from None
+        key = check_key(payload[3 : 3 + n].decode())
+    except (UnicodeDecodeError, ValueError):
+        raise CorruptFileError(where, "log record key is not a valid key") from None
     return payload[:1], key, 3 + n
+
+
+def _content_etag(data: bytes | memoryview) -> str:
+    # from the content, as S3's: offsets repeat after a rewrite, so they would let a stale
+    # compare-and-swap through
+    return f"x{len(data):x}-{xxhash.xxh3_64_hexdigest(data)}"
 
 
 @dataclass
 class _Group:
-    """One group's log and the index of its live keys: key -> (record offset, data size)."""
+    """One group's log and the index of its live keys: key -> (record offset, data size, etag)."""
 
     log: RecordLog
-    index: dict[str, tuple[int, int]] = field(default_factory=dict)
+    group: str
+    index: dict[str, tuple[int, int, str]] = field(default_factory=dict)
     live: int = 0
     dead: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     loose: bool = True  # may plain files (from before the log) exist in the group's directory?
-    closed: bool = False  # evicted: its log is closed, look the group up again
+    closed: bool = False  # evicted or closed: look the group up again
+    damaged: dict[str, int] = field(default_factory=dict)  # key -> offset of its damaged record
+    uncertain: int = -1  # offset of a damaged record whose key is unknown (-1: none)
+    seen_damage: int = 0  # how many of log.damaged were looked at
 
     def apply(self, records: Iterable[tuple[int, bytes]], replaced: bool) -> None:
         if replaced:
             self.index.clear()
-            self.live = self.dead = 0
+            self.damaged.clear()
+            self.live = self.dead = self.seen_damage = 0
+            self.uncertain = -1
         for offset, payload in records:
             try:
                 op, key, start = _parse(payload, f"{self.log.path}@{offset}")
@@ -91,14 +107,53 @@ class _Group:
                 self.live -= old[1]
                 self.dead += old[1]
             if op == _PUT:
-                self.index[key] = (offset, len(payload) - start)
-                self.live += len(payload) - start
+                data = memoryview(payload)[start:]
+                self.index[key] = (offset, len(data), _content_etag(data))
+                self.live += len(data)
             else:
                 self.dead += len(payload)
+        self._note_damage()
+
+    def _note_damage(self) -> None:
+        """Name the key of each damaged record the log skipped, where its bytes still say it.
+
+        A skipped record may have been a key's newest put or its delete: serving the key's older
+        record instead would be a wrong answer, so such a key raises until it is written again.
+        """
+        for offset, why in self.log.damaged[self.seen_damage :]:
+            key = _damaged_key(self.log.path, offset, self.group)
+            if key is None:
+                self.uncertain = max(self.uncertain, offset)
+                logger.warning("%s: damaged record at byte %d (%s); its key is unknown", self.log.path,
+                               offset, why)
+            else:
+                self.damaged[key] = offset
+                logger.warning("%s: the record of %s at byte %d is damaged (%s)", self.log.path, key,
+                               offset, why)
+        self.seen_damage = len(self.log.damaged)
 
     def sync(self) -> None:
         replaced, records = self.log.refresh()
         self.apply(records, replaced)
+
+    def check_readable(self, key: str) -> None:
+        bad = self.damaged.get(key)
+        hit = self.index.get(key)
+        if bad is not None and (hit is None or hit[0] < bad):
+            raise CorruptFileError(key, f"its newest record (byte {bad} of {self.log.path}) is damaged; "
+                                   "rewrite the key or delete it")
+
+
+def _damaged_key(path: str, offset: int, group: str) -> str | None:
+    """The key a damaged record was for, if its first bytes are still a plausible key of `group`."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset + HEADER_SIZE)
+            head = f.read(3 + 65535)
+        _op, key, _start = _parse(head, path)
+    except (OSError, CorruptFileError, struct.error):
+        return None
+    return key if key.startswith(group) else None
 
 
 class LogStorage(Storage):
@@ -131,7 +186,7 @@ class LogStorage(Storage):
                 g = self._groups.get(group)
                 if g is None:
                     path = self.inner.local_path(group + LOG_NAME)
-                    g = self._groups[group] = _Group(RecordLog(path, fsync=self.inner.fsync))
+                    g = self._groups[group] = _Group(RecordLog(path, fsync=self.inner.fsync), group)
                     # checked once: a put then skips two syscalls for files that cannot be there
                     g.loose = any(not self._is_log_file(k) for k in self.inner.list(group))
                     self._evict()
@@ -157,9 +212,6 @@ class LogStorage(Storage):
         name = key.rpartition("/")[2]
         return name == LOG_NAME or (name.startswith("." + LOG_NAME) and TEMP_MARKER in name)
 
-    def _etag(self, offset: int) -> str:
-        return f"rec-{offset:x}"
-
     def _write(self, key: str, data: bytes, check: Callable[[_Group], None] | None = None) -> str:
         group = self.group_of(key)
         assert group is not None
@@ -168,19 +220,23 @@ class LogStorage(Storage):
             g.apply(records, replaced)
             if check is not None:
                 check(g)
-            offset = w.append([_record(_PUT, key, data)])[0]
-            g.apply([(offset, _record(_PUT, key, data))], False)
+            record = _record(_PUT, key, data)
+            offset = w.append([record])[0]
+            g.apply([(offset, record)], False)
+            g.damaged.pop(key, None)  # written again: its damaged record no longer matters
+            etag = g.index[key][2]
         if g.loose:
             self.inner.delete(key)  # the record replaces the key's plain file from before the log
-        return self._etag(offset)
+        return etag
 
     # ------------------------------------------------------------------------------ writes
 
     def _grouped(self, key: str) -> bool:
+        """Whether `key` lives in a log; the log's own name is no key (ValueError)."""
         group = self.group_of(check_key(key))
         if group is None:
             return False
-        if key == group + LOG_NAME:
+        if key == group + LOG_NAME or self._is_log_file(key):
             raise ValueError(f"invalid storage key {key!r}: the name of its group's log")
         return True
 
@@ -204,9 +260,12 @@ class LogStorage(Storage):
             return self.inner.put_if_match(key, data, etag)
 
         def matches(g: _Group) -> None:
-            if key not in g.index:
+            if key in g.index:
+                current = g.index[key][2]
+            elif g.loose:  # still a plain file from before the log: its own etag
+                current = self.inner.get_with_etag(key)[1]
+            else:
                 raise FileNotFoundError(key)
-            current = self._etag(g.index[key][0])
             if current != etag:
                 raise PreconditionFailed(f"{key}: etag is {current}, expected {etag}")
 
@@ -227,32 +286,43 @@ class LogStorage(Storage):
         """All of `keys` gone with one fdatasync per group, in the order given."""
         by_group: dict[str, list[str]] = {}
         for key in keys:
-            group = self.group_of(key)
-            if group is None:
-                self.inner.delete(key)
+            if self._grouped(key):
+                by_group.setdefault(str(self.group_of(key)), []).append(key)
             else:
-                by_group.setdefault(group, []).append(key)
+                self.inner.delete(key)
         for group, members in by_group.items():
-            with self._held(group) as g, g.log.locked() as w:
-                replaced, records = w.new_records()
-                g.apply(records, replaced)
-                doomed = [k for k in members if k in g.index]
-                if doomed and len(doomed) == len(g.index):
-                    g.log.remove()  # nothing stays live: the file goes
-                    g.apply([], True)
-                elif doomed:
-                    tombstones = [_record(_DEL, k) for k in doomed]
-                    g.apply(zip(w.append(tombstones), tombstones, strict=True), False)
-                    if g.dead > max(g.live, COMPACT_MIN_DEAD):
-                        self._compact(g)
-            if g.loose:
-                for key in members:
-                    self.inner.delete(key)
+            with self._held(group) as g:
+                if g.loose:
+                    # plain files first: while a key's record lives it stays right, so a crash
+                    # between the two leaves "not deleted", never an older value come back
+                    for key in members:
+                        self.inner.delete(key)
+                with g.log.locked() as w:
+                    replaced, records = w.new_records()
+                    g.apply(records, replaced)
+                    doomed = list(dict.fromkeys(k for k in members if k in g.index))
+                    for key in members:
+                        g.damaged.pop(key, None)
+                    if doomed and len(doomed) == len(g.index) and g.uncertain < 0 and not g.damaged:
+                        g.log.remove()  # nothing stays live: the file goes
+                        g.apply([], True)
+                    elif doomed:
+                        tombstones = [_record(_DEL, k) for k in doomed]
+                        g.apply(zip(w.append(tombstones), tombstones, strict=True), False)
+                        if g.dead > max(g.live, COMPACT_MIN_DEAD):
+                            self._compact(g)
 
     def _compact(self, g: _Group) -> None:
-        """Rewrite the log with only live records; called inside its locked() block."""
+        """Rewrite the log with only live records; called inside its locked() block.
+
+        Not while the log holds damage: the rewrite would drop the evidence and make what the
+        damaged record hid (a newer value, a delete) permanently wrong instead of reported.
+        """
+        if g.log.damaged:
+            logger.warning("%s: not compacted: it holds damaged records (see `ckptfs verify`)", g.log.path)
+            return
         live = sorted(g.index.items(), key=lambda item: item[1][0])
-        payloads = [g.log.read(offset) for _key, (offset, _size) in live]
+        payloads = [g.log.read(entry[0]) for _key, entry in live]
         before = g.live + g.dead
         g.apply(zip(g.log.rewrite(payloads), payloads, strict=True), True)
         logger.info("%s: compacted %d bytes of records to %d", g.log.path, before, g.live)
@@ -260,12 +330,13 @@ class LogStorage(Storage):
     # ------------------------------------------------------------------------------- reads
 
     def get_with_etag(self, key: str) -> tuple[bytes, str]:
-        group = self.group_of(key)
-        if group is None:
+        if not self._grouped(key):
             return self.inner.get_with_etag(key)
+        group = str(self.group_of(key))
         for _ in range(3):  # another process can rewrite the file between our index and the read
             with self._held(group) as g:
                 g.sync()
+                g.check_readable(key)
                 hit = g.index.get(key)
                 if hit is None:
                     break
@@ -275,29 +346,30 @@ class LogStorage(Storage):
                     continue
             op, found, start = _parse(payload, f"{g.log.path}@{hit[0]}")
             if op == _PUT and found == key:
-                return payload[start:], self._etag(hit[0])
+                return payload[start:], hit[2]
         else:
             raise CorruptFileError(key, "its log kept changing under the read")
         return self.inner.get_with_etag(key)
 
     def size(self, key: str) -> int:
-        group = self.group_of(key)
-        if group is not None:
-            with self._held(group) as g:
+        if self._grouped(key):
+            with self._held(str(self.group_of(key))) as g:
                 g.sync()
+                g.check_readable(key)
                 hit = g.index.get(key)
             if hit is not None:
                 return hit[1]
         return self.inner.size(key)
 
     def modified(self, key: str) -> float:
-        group = self.group_of(key)
-        if group is not None and key in self._live_keys(group):
-            return self.inner.modified(group + LOG_NAME)
+        if self._grouped(key):
+            group = str(self.group_of(key))
+            if key in self._live_keys(group):
+                return self.inner.modified(group + LOG_NAME)
         return self.inner.modified(key)
 
     def open_read(self, key: str) -> IO[bytes]:
-        if self.group_of(key) is None:
+        if not self._grouped(key):
             return self.inner.open_read(key)
         return io.BytesIO(self.get(key))
 
@@ -332,8 +404,11 @@ class LogStorage(Storage):
         self.inner.check()
 
     def close(self) -> None:
+        """Close the open logs; the storage stays usable (callers in flight look groups up again)."""
         with self._lock:
             groups, self._groups = list(self._groups.values()), OrderedDict()
         for g in groups:
-            g.log.close()
+            with g.lock:
+                g.closed = True
+                g.log.close()
         self.inner.close()

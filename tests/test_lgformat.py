@@ -148,3 +148,16 @@ def test_version_1_objects_still_read() -> None:
     back = fmt.unpack(legacy, "k").parts["c"]
     assert back.kind == "z"
     assert fmt.decode_part(back, "k", base) == raw
+
+
+@pytest.mark.parametrize("field,value", [("d", "Infinity"), ("z", "1e999"), ("n", "-1e999")])
+def test_non_finite_numbers_in_a_header_are_corruption(field: str, value: str) -> None:
+    base, _raw, part = _splice()
+    meta = dict(part.meta(), c="m")
+    head = json.dumps({"kind": "checkpoint", "v": 2, "parts": [meta]})
+    head = head.replace(f'"{field}": {json.dumps(meta[field])}', f'"{field}": {value}')
+    assert value in head
+    frame0 = fmt.compress_full(struct.pack("<I", len(head)) + head.encode())
+    data = fmt.MAGIC + struct.pack("<I", len(frame0)) + frame0 + part.frame
+    with pytest.raises(CorruptFileError):
+        fmt.decode_part(fmt.unpack(data, "k").parts["m"], "k", base)

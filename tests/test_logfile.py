@@ -466,3 +466,47 @@ def test_two_processes_append_concurrently(tmp_path: Path) -> None:
     tags = [p[:1] for _, p in seen]
     assert sum(1 for x, y in itertools.pairwise(tags) if x != y) >= 2  # truly interleaved
     assert os.path.getsize(path) == sum(HEADER_SIZE + len(p) for _, p in seen)
+
+
+@pytest.mark.parametrize("state", ["being written", "torn by a crash", "payload damaged"])
+def test_a_frame_stored_inside_a_value_is_never_taken_for_a_record(tmp_path: Path, state: str) -> None:
+    """Values may contain whole valid frames (a state can hold a copy of a log). A reader that
+    meets the value's record half-written, torn or damaged must not find the frame inside it."""
+    path = tmp_path / "l"
+    log = RecordLog(str(path))
+    first = append(log, b"before")[0]
+    forged = frame(b"FORGED")
+    value = os.urandom(3000) + forged + os.urandom(3000)
+    second = append(log, value)[0]
+    full = path.read_bytes()
+    inside = second + HEADER_SIZE + 3000 + len(forged) + 10  # just past the forged frame
+    if state == "payload damaged":
+        raw = bytearray(full)
+        raw[second + HEADER_SIZE + 5] ^= 0x01  # before the forged frame, inside the same record
+        path.write_bytes(bytes(raw) + frame(b"after"))
+    else:
+        path.write_bytes(full[:inside])
+    reader = RecordLog(str(path))
+    payloads = [p for _, p in reader.refresh()[1]]
+    assert b"FORGED" not in payloads
+    assert payloads == ([b"before", b"after"] if state == "payload damaged" else [b"before"])
+    if state == "payload damaged":
+        assert [o for o, _ in reader.damaged] == [second]
+    else:
+        assert first == 0 and reader.damaged == []
+        new = append(RecordLog(str(path)), b"next")  # the writer cuts the torn record away whole
+        assert new == [second]
+        assert [p for _, p in RecordLog(str(path)).refresh()[1]] == [b"before", b"next"]
+
+
+def test_a_temp_file_of_a_killed_rewrite_is_swept_by_the_next_writer(tmp_path: Path) -> None:
+    path = tmp_path / "l"
+    append(RecordLog(str(path)), b"one")
+    leftover = tmp_path / ".l.tmp-0123456789ab"
+    leftover.write_bytes(frame(b"half a rewrite"))
+    reader = RecordLog(str(path))
+    assert [p for _, p in reader.refresh()[1]] == [b"one"]
+    assert leftover.exists()  # readers never write
+    append(RecordLog(str(path)), b"two")
+    assert not leftover.exists()
+    assert [p for _, p in RecordLog(str(path)).refresh()[1]] == [b"one", b"two"]

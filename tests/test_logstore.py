@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from ckptfs.logstore import LOG_NAME, LogStorage
-from ckptfs.storage import LocalStorage, Storage, open_storage
+from ckptfs.errors import CorruptFileError
+from ckptfs.logfile import RecordLog, frame
+from ckptfs.logstore import LOG_NAME, LogStorage, _record
+from ckptfs.storage import LocalStorage, PreconditionFailed, Storage, open_storage
 from tests.storage_conformance import StorageConformance
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,6 +110,64 @@ class TestLogStorage(StorageConformance):
         assert len(os.listdir("/proc/self/fd")) <= fds + 2 * 3  # at most two fds per open log
         assert [s.get(f"g{g:02d}/k2") for g in range(12)] == [f"{g}:2".encode() for g in range(12)]
         assert s.list("g05/") == ["g05/k0", "g05/k1", "g05/k2"]
+
+    def test_a_repeated_key_in_delete_many_deletes_only_it(self, tmp_path: Path) -> None:
+        s = open_log_storage(tmp_path)
+        s.put("g/a", b"1")
+        s.put("g/b", b"must survive")
+        s.delete_many(["g/a", "g/a"])
+        assert open_log_storage(tmp_path).get("g/b") == b"must survive"
+
+    def test_etags_are_of_content_so_a_stale_one_never_passes(self, tmp_path: Path) -> None:
+        s = open_log_storage(tmp_path)
+        stale = s.put("g/k", b"v1")
+        s.delete("g/k")  # the log goes, and a new one starts at the same offsets
+        s.put("g/k", b"v2 longer")
+        with pytest.raises(PreconditionFailed):
+            s.put_if_match("g/k", b"v3", stale)
+        blob = os.urandom(2 * 1024 * 1024)
+        s.put("g/big", blob)
+        s.put("g/k", b"v4")
+        stale = s.get_with_etag("g/k")[1]
+        s.put("g/k", b"v5")
+        s.delete("g/big")  # compaction: records move to new offsets
+        with pytest.raises(PreconditionFailed):
+            s.put_if_match("g/k", b"v6", stale)
+        assert s.get("g/k") == b"v5"
+        s.put_if_match("g/k", b"v6", s.get_with_etag("g/k")[1])
+        assert open_log_storage(tmp_path).get("g/k") == b"v6"
+
+    def test_a_damaged_newest_record_is_reported_not_replaced_by_an_older_one(self, tmp_path: Path) -> None:
+        s = open_log_storage(tmp_path)
+        s.put("g/v", b"version 1")
+        s.put("g/other", b"x" * 100)
+        s.put("g/v", b"version 2 " + b"y" * 100)
+        log = tmp_path / "g" / LOG_NAME
+        raw = bytearray(log.read_bytes())
+        raw[-30] ^= 0x01  # inside version 2's value: its key is still legible
+        log.write_bytes(bytes(raw) + bytes(frame(_record(b"P", "g/later", b"z"))))
+        fresh = open_log_storage(tmp_path)
+        with pytest.raises(CorruptFileError, match="damaged"):
+            fresh.get("g/v")
+        assert fresh.get("g/other") == b"x" * 100
+        assert fresh.get("g/later") == b"z"
+        fresh.delete("g/other")  # no compaction over damage: the evidence stays
+        assert len(RecordLog(str(log)).refresh()[1]) >= 3
+        fresh.put("g/v", b"version 3")  # written again: readable again
+        assert open_log_storage(tmp_path).get("g/v") == b"version 3"
+
+    def test_the_log_file_is_no_key_and_bad_records_are_skipped(self, tmp_path: Path) -> None:
+        s = open_log_storage(tmp_path)
+        s.put("g/a", b"1")
+        for call in (s.get, s.delete, s.size):
+            with pytest.raises(ValueError, match="log"):
+                call("g/" + LOG_NAME)
+        log = tmp_path / "g" / LOG_NAME
+        # a record whose crc is right but whose key length runs past it
+        log.write_bytes(log.read_bytes() + frame(b"P\xff\x00g/b"))
+        fresh = open_log_storage(tmp_path)
+        assert fresh.list("g/") == ["g/a"]
+        assert fresh.get("g/a") == b"1"
 
 
 _CHILD = """

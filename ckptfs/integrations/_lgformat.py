@@ -299,7 +299,7 @@ def unpack(data: bytes, key: str, max_size: int = DEFAULT_MAX_DECODED) -> Unpack
                 part.ops = [[int(src), int(n)] for src, n in meta["o"]]
                 part.size, part.digest = int(meta["n"]), str(meta["h"])
             out.parts[part.channel] = part
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
         raise CorruptFileError(key, f"bad part list in header: {exc}") from None
     if pos != len(data):
         raise CorruptFileError(key, f"object has {len(data) - pos} unexpected trailing bytes")

@@ -156,7 +156,7 @@ def _check_writes(obj: fmt.Unpacked, key: str) -> Iterator[Problem]:
     items: Any = obj.header.get("items")
     try:
         total = sum(int(item[3]) for item in items)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         yield ("error", "lg-corrupt", "pending-writes header has no item list", key)
         return
     if total != len(obj.raw):
