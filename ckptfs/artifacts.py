@@ -3,6 +3,14 @@
 Written before anything references them (restic's order: data first, the snapshot that
 points at it last), streamed in both directions so a 1 GB artifact never sits in memory,
 and deduplicated: storing the same bytes twice costs one existence check.
+
+A deduplicated store *re-references* bytes that may be old and, for the moment, referenced by
+no record at all: exactly what `prune` collects once they are older than its grace period. So a
+re-reference refreshes the object's modification time when it is older than TOUCH_AFTER (and
+trusts its own memory of an object for no longer than that), and an object that vanished in
+between is simply written again. With the default 24 h grace, prune then never collects bytes a
+writer is about to commit a reference to, except in the instant between prune's last age check
+and its delete.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import IO, BinaryIO
 
@@ -24,6 +33,7 @@ from ckptfs.storage import Storage
 logger = logging.getLogger(__name__)
 
 _CHUNK = 1024 * 1024
+TOUCH_AFTER = 600.0  # seconds; a prune grace period should exceed twice this
 ArtifactSource = bytes | bytearray | memoryview | str | os.PathLike[str] | IO[bytes]
 
 
@@ -78,7 +88,7 @@ class ArtifactStore:
 
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
-        self._known: set[str] = set()
+        self._known: dict[str, float] = {}  # sha256 -> when we last saw (and touched) it
 
     def put(
         self, source: ArtifactSource, media_type: str = "application/octet-stream", summary: str = ""
@@ -120,15 +130,26 @@ class ArtifactStore:
                            summary=summary)
 
     def _present(self, ref: ArtifactRef) -> bool:
-        if ref.sha256 in self._known:
+        now = time.time()
+        seen = self._known.get(ref.sha256)
+        if seen is not None and now - seen < TOUCH_AFTER:
             return True
         try:
-            ok = self.storage.size(ref.uri) == ref.size
-        except FileNotFoundError:
+            if self.storage.size(ref.uri) != ref.size:
+                return False
+            self._touch_if_old(ref.uri, now)
+        except FileNotFoundError:  # never there, or collected since we last looked
+            self._known.pop(ref.sha256, None)
             return False
-        if ok:
-            self._known.add(ref.sha256)
-        return ok
+        self._known[ref.sha256] = now
+        return True
+
+    def _touch_if_old(self, key: str, now: float) -> None:
+        try:
+            if now - self.storage.modified(key) > TOUCH_AFTER:
+                self.storage.touch(key)
+        except NotImplementedError:
+            pass  # no ages on this backend: prune refuses to collect artifacts there anyway
 
     def _write(self, ref: ArtifactRef, src: IO[bytes]) -> None:
         try:
@@ -140,7 +161,7 @@ class ArtifactStore:
                 logger.warning("replacing damaged artifact %s", ref.uri)
                 src.seek(0)
                 self.storage.put_stream(ref.uri, src, exclusive=False)
-        self._known.add(ref.sha256)
+        self._known[ref.sha256] = time.time()
 
     def open(self, ref: ArtifactRef) -> BinaryIO:
         """A stream of the artifact that raises CorruptFileError at the end if it was altered."""

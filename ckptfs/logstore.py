@@ -368,6 +368,11 @@ class LogStorage(Storage):
                 return self.inner.modified(group + LOG_NAME)
         return self.inner.modified(key)
 
+    def touch(self, key: str) -> None:
+        if self._grouped(key):
+            raise NotImplementedError("records in a log have no modification time of their own")
+        self.inner.touch(key)
+
     def open_read(self, key: str) -> IO[bytes]:
         if not self._grouped(key):
             return self.inner.open_read(key)

@@ -5,7 +5,9 @@ and what they need, never the newest valid one); this module only orchestrates i
 adds what retention cannot know about alone: which artifacts no remaining record
 references. Those are deleted only when older than a grace period, because a writer
 stores an artifact before the record that points at it (restic's order), so a young
-unreferenced artifact may be one whose record is still being written.
+unreferenced artifact may be one whose record is still being written. A writer that
+re-references old bytes (deduplication) touches them first (`artifacts.TOUCH_AFTER`), and
+each candidate's age is read again right before its delete, so such bytes count as young.
 
 Artifact collection is refused outright when any remaining run file cannot be decoded:
 its references are unknowable, and deleting what it might point at could make a
@@ -147,6 +149,7 @@ def _referenced(storage: Storage, doomed: set[str], seen: set[str]) -> tuple[set
 
 
 def _collect_artifacts(storage: Storage, report: PruneReport, now: float) -> None:
+    skew = now - time.time()  # `now` may be a caller's clock; the re-check below keeps to it
     doomed = {k for r in report.runs for k in r.deleted}
     seen: set[str] = set()
     refs, unreadable = _referenced(storage, doomed, seen)
@@ -186,6 +189,12 @@ def _collect_artifacts(storage: Storage, report: PruneReport, now: float) -> Non
     for key in candidates:
         sha = parse_artifact_key(key)
         if sha is None or sha in late:
+            continue
+        try:  # a writer re-referencing these bytes since the listing has touched them
+            if time.time() + skew - storage.modified(key) <= report.artifact_grace:
+                young.append(key)
+                continue
+        except FileNotFoundError:
             continue
         if not report.dry_run:
             storage.delete(artifact_key(sha))

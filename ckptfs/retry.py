@@ -175,6 +175,12 @@ class RetryingStorage(Storage):
     def size(self, key: str) -> int:
         return self._call("size", key, lambda: self.inner.size(key))
 
+    def modified(self, key: str) -> float:
+        return self._call("modified", key, lambda: self.inner.modified(key))
+
+    def touch(self, key: str) -> None:
+        self._call("touch", key, lambda: self.inner.touch(key))
+
     def exists(self, key: str) -> bool:
         return self._call("exists", key, lambda: self.inner.exists(key))
 

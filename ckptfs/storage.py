@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import threading
+import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
@@ -192,6 +193,11 @@ class Storage(ABC):
         Raises ``FileNotFoundError`` if absent, ``NotImplementedError`` where unknown.
         """
         raise NotImplementedError(f"{type(self).__name__} cannot tell modification times")
+
+    def touch(self, key: str) -> None:
+        """Set an object's modification time to now (a re-referenced artifact must look young to
+        prune). ``FileNotFoundError`` if absent, ``NotImplementedError`` where unsupported."""
+        raise NotImplementedError(f"{type(self).__name__} cannot touch objects")
 
     def delete_many(self, keys: Sequence[str]) -> None:
         """Remove several objects in this order; backends that can batch it do (LogStorage:
@@ -440,6 +446,9 @@ class LocalStorage(Storage):
     def modified(self, key: str) -> float:
         return os.stat(self._path(key)).st_mtime
 
+    def touch(self, key: str) -> None:
+        os.utime(self._path(key))
+
     def put_stream(self, key: str, src: IO[bytes], exclusive: bool = False) -> None:
         path = self._path(key)
 
@@ -563,6 +572,10 @@ class FsspecStorage(Storage):
             if hasattr(value, "timestamp"):
                 return float(value.timestamp())
         raise NotImplementedError(f"{self.fs.protocol}: no modification time in file info")
+
+    def touch(self, key: str) -> None:
+        path = self._path(key)
+        self.fs.pipe_file(path, self.fs.cat_file(path))  # no portable utime in fsspec: rewrite
 
     def put_stream(self, key: str, src: IO[bytes], exclusive: bool = False) -> None:
         if exclusive and self.exists(key):
@@ -789,6 +802,14 @@ class S3Storage(Storage):
         with self._errors(key):
             resp = self.fs.call_s3("head_object", Bucket=self.bucket, Key=self._key(key))
         return float(resp["LastModified"].timestamp())
+
+    def touch(self, key: str) -> None:
+        """Copy the object onto itself with new metadata: S3's only way to renew LastModified."""
+        full = self._key(key)
+        with self._errors(key):
+            self.fs.call_s3("copy_object", Bucket=self.bucket, Key=full,
+                            CopySource={"Bucket": self.bucket, "Key": full},
+                            MetadataDirective="REPLACE", Metadata={"ckptfs-touched": f"{time.time():.0f}"})
 
     def put_stream(self, key: str, src: IO[bytes], exclusive: bool = False) -> None:
         """Stream to one object; a failure aborts the upload so nothing partial appears.

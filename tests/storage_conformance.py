@@ -50,6 +50,18 @@ class StorageConformance:
         assert len(wins) == 1 and len(losses) == 5
         assert storage.get("race/key") == f"writer{wins[0]}".encode()
 
+    def test_touch_renews_the_modification_time(self, storage: Storage) -> None:
+        import time
+
+        with pytest.raises(FileNotFoundError):
+            storage.touch("touched")
+        storage.put("touched", b"keep me")
+        before = storage.modified("touched")
+        time.sleep(1.1)  # S3's LastModified has whole seconds
+        storage.touch("touched")
+        assert storage.modified("touched") > before
+        assert storage.get("touched") == b"keep me"
+
     def test_put_if_match_is_compare_and_swap(self, storage: Storage) -> None:
         etag = storage.put_if_absent("lease/a", b"gen1")
         data, etag2 = storage.get_with_etag("lease/a")

@@ -132,3 +132,66 @@ def test_empty_policy_and_bad_input_are_refused(store_copy: Path, capsys: pytest
         prune(str(store_copy), 0)
     assert contents(store_copy) == before
     assert parse_duration("24h") == 86400 and parse_duration("90") == 90 and parse_duration("2d") == 172800
+
+
+def _old_unreferenced_artifact(root: Path) -> tuple[str, bytes]:
+    """Bytes stored as an artifact two days ago that no record references any more."""
+    from ckptfs.artifacts import ArtifactStore
+    from ckptfs.storage import open_storage
+
+    data = b"re-referenced " * 5000
+    ref = ArtifactStore(open_storage(str(root))).put(data)
+    t = time.time() - 2 * 86400
+    os.utime(root / ref.uri, (t, t))
+    return ref.uri, data
+
+
+def test_a_writer_re_referencing_old_bytes_touches_them_so_prune_spares_them(store_copy: Path) -> None:
+    from ckptfs.artifacts import ArtifactStore
+    from ckptfs.storage import open_storage
+
+    key, data = _old_unreferenced_artifact(store_copy)
+    assert prune(str(store_copy), 1, dry_run=True).artifacts_deleted.count(key) == 1  # collectable now
+    ArtifactStore(open_storage(str(store_copy))).put(data)  # a writer dedupes onto it...
+    assert time.time() - (store_copy / key).stat().st_mtime < 60  # ...and touched it
+    report = prune(str(store_copy), 1)
+    assert key not in report.artifacts_deleted and key in report.artifacts_young
+    assert (store_copy / key).exists()
+
+
+def test_prune_reads_each_age_again_right_before_deleting(store_copy: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    prune_module = importlib.import_module("ckptfs.prune")
+
+    key, _data = _old_unreferenced_artifact(store_copy)
+    real = prune_module._referenced
+    calls = []
+
+    def writer_in_between(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        if len(calls) == 2:  # after prune listed the artifact as old: a writer re-references it
+            os.utime(store_copy / key)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(prune_module, "_referenced", writer_in_between)
+    report = prune(str(store_copy), 1)
+    assert len(calls) == 2
+    assert key not in report.artifacts_deleted and (store_copy / key).exists()
+
+
+def test_a_writer_does_not_trust_its_memory_of_bytes_prune_collected(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import ckptfs.artifacts as artifacts_module
+    from ckptfs.artifacts import ArtifactStore
+    from ckptfs.storage import open_storage
+
+    arts = ArtifactStore(open_storage(str(tmp_path)))
+    ref = arts.put(b"x" * 10000)
+    (tmp_path / ref.uri).unlink()  # collected behind the writer's back
+    assert arts.put(b"x" * 10000) == ref
+    assert not (tmp_path / ref.uri).exists()  # within TOUCH_AFTER the writer trusts its memory
+    monkeypatch.setattr(artifacts_module, "TOUCH_AFTER", 0.0)
+    arts.put(b"x" * 10000)
+    assert arts.read(ref) == b"x" * 10000  # past it, it looks again and writes the bytes back
