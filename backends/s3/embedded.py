@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -59,6 +60,9 @@ class EmbeddedS3:
         for k, v in FAKE_CREDENTIALS.items():
             os.environ.setdefault(k, v)
         os.environ.setdefault("AWS_DEFAULT_REGION", self.region)
+        # werkzeug prints one line per request unless told otherwise: a demo or a benchmark
+        # doing thousands of requests would drown its own output
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)
         self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
         self._server.start()
         deadline = time.monotonic() + timeout
