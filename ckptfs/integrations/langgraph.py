@@ -293,6 +293,14 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
             pending_writes=self._writes(thread_id, ns, checkpoint_id, writes_keys),
         )
 
+    def _writes_by_checkpoint(self, prefix: str) -> dict[str, list[str]]:
+        """Pending-write keys of one namespace by encoded checkpoint id: one listing, not one each."""
+        index: dict[str, list[str]] = {}
+        start = len(prefix + "writes/")
+        for wkey in self.storage.list(prefix + "writes/"):
+            index.setdefault(wkey[start:].split("/", 1)[0], []).append(wkey)
+        return index
+
     def _metadata(self, loaded: _Loaded) -> CheckpointMetadata:
         return cast(CheckpointMetadata,
                     self.serde.loads_typed((loaded.header["mt"], loaded.obj.section("mo", "mn"))))
@@ -379,10 +387,7 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
             if filter and not all(metadata.get(k) == v for k, v in filter.items()):
                 continue
             if prefix not in writes_index:
-                index: dict[str, list[str]] = {}
-                for wkey in self.storage.list(prefix + "writes/"):
-                    index.setdefault(wkey[len(prefix) + 7 :].split("/", 1)[0], []).append(wkey)
-                writes_index[prefix] = index
+                writes_index[prefix] = self._writes_by_checkpoint(prefix)
             yield self._tuple(thread_id, loaded, writes_index[prefix].get(lg_encode(cid), []), metadata)
             if remaining is not None:
                 remaining -= 1
@@ -580,11 +585,9 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
             head = {"kind": "held", "id": cid, "ns": ns, "refs": {}}
             parts = [p for c, p in loaded[cid].obj.parts.items() if c in needed[cid]]
             self.storage.put(lg_held_key(thread_id, ns, cid), fmt.pack(head, b"", parts))
-        writes_of: dict[str, list[str]] = {}
-        for wkey in self.storage.list(prefix + "writes/"):
-            writes_of.setdefault(lg_decode(wkey[len(prefix) + 7 :].split("/", 1)[0]), []).append(wkey)
+        writes_of = self._writes_by_checkpoint(prefix)
         doomed = [lg_checkpoint_key(thread_id, ns, cid) for cid in sorted(remove, reverse=True)]
-        doomed += [w for cid in sorted(remove, reverse=True) for w in writes_of.get(cid, [])]
+        doomed += [w for cid in sorted(remove, reverse=True) for w in writes_of.get(lg_encode(cid), [])]
         doomed += [key for key in held_keys if lg_decode(key.rsplit("/", 1)[1]) not in needed]
         self.storage.delete_many(doomed)
         self._forget(thread_id, ns)
