@@ -31,6 +31,9 @@ artifacts in a local temporary directory), verifies them by a full load of the r
 (hashes, chain, graph, artifact sha256; the records the planner decoded are not parsed a
 second time), and only then publishes into the destination in the same safe order.
 
+A LangGraph saver's files (`langgraph/`) are not runs: a whole-store pass copies each that
+changed as it is (see `_Mirror._langgraph`), and a whole-store restore copies them back.
+
 Requests are what a pass costs: one LIST of the destination's artifacts tells which are
 present (skipped) and which are absent (created exclusively, with no HEAD first). `MirrorJob`
 runs passes on APScheduler 3 (interval or cron, one at a time, missed ticks coalesced) and
@@ -61,10 +64,11 @@ from ckptfs.errors import (
     StorageUnavailableError,
     VersionNotFoundError,
 )
-from ckptfs.layout import ARTIFACTS, RUNS, RunFile, parse_artifact_key, parse_run_key, run_prefix
+from ckptfs.integrity import list_keys
+from ckptfs.layout import ARTIFACTS, LG_ROOT, RUNS, RunFile, parse_artifact_key, parse_run_key, run_prefix
 from ckptfs.models import ArtifactRef, validate_id
 from ckptfs.retry import RetryingStorage
-from ckptfs.storage import Capabilities, Keys, LocalStorage, Storage, check_key, open_storage
+from ckptfs.storage import TEMP_MARKER, Capabilities, Keys, LocalStorage, Storage, check_key, open_storage
 from ckptfs.store import CheckpointStore, CompactionPolicy, gc_paused
 
 logger = logging.getLogger(__name__)
@@ -78,6 +82,7 @@ _CHUNK = 1024 * 1024
 _KIND = {"log": "journal", "delta": "delta", "snap": "snapshot"}
 
 StorageLike = str | Storage
+LANGGRAPH_ENTRY = "langgraph/"  # the report's row for a LangGraph saver's files
 
 
 class Progress(Protocol):
@@ -551,6 +556,7 @@ class _Mirror:
         self.dst = _as_storage(dst, dst_options, attempts, base_delay)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptfs-mirror")
         self.known: set[str] = set()
+        self.lg_sent: dict[str, bytes] = {}  # LangGraph file -> sha256 the mirror holds (across passes)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
@@ -567,6 +573,10 @@ class _Mirror:
         report = MirrorReport(self.src.display_url, self.dst.display_url)
         for rid in _run_ids(self.src, run_id):
             report.runs.append(self._run(rid, every_n, latest, keep_last, progress))
+        if run_id is None:
+            lg = self._langgraph(progress)
+            if lg is not None:
+                report.runs.append(lg)
         report.seconds = time.monotonic() - t0
         report.retries = _retries(self.src, self.dst) - before
         return report
@@ -645,6 +655,51 @@ class _Mirror:
             res.deleted = self._retention(run_id, keep_last)
         return res
 
+    def _langgraph(self, progress: Progress) -> RunResult | None:
+        """A LangGraph saver's files, brought up to date as they are now (None: there are none).
+
+        Not restore points: on local disk a thread namespace is one append-only record log,
+        whose bytes at any moment are whole records plus perhaps a torn tail a reader ignores,
+        so a copy taken while the saver writes is a consistent earlier state. A file is sent
+        when its size differs from the mirror's copy, or its bytes do when the sizes match;
+        files the source no longer has stay on the mirror.
+        """
+        keys = [k for k in list_keys(self.src, f"{LG_ROOT}/") if TEMP_MARKER not in k.rsplit("/", 1)[-1]]
+        if not keys:
+            return None
+        res = RunResult(LANGGRAPH_ENTRY, "up-to-date")
+        present = set(list_keys(self.dst, f"{LG_ROOT}/"))
+        for key in keys:
+            try:
+                data = self.src.get(key)
+            except FileNotFoundError:
+                continue  # deleted (or compacted away) since the listing
+            digest = hashlib.sha256(data).digest()
+            try:
+                if key in present and self.dst.size(key) == len(data) and (
+                        self.lg_sent.get(key) == digest
+                        or hashlib.sha256(self.dst.get(key)).digest() == digest):
+                    self.lg_sent[key] = digest
+                    res.skipped += 1
+                    progress.done(key, len(data), True)
+                    continue
+                etag = self.dst.put(key, data)
+                if _verify_etag(etag, data) is False:
+                    raise _Missing(f"{key}: upload did not verify")
+                self.lg_sent[key] = digest
+            except (StorageUnavailableError, _Missing) as exc:
+                res.missing.append(key)
+                res.error = str(exc)
+                continue
+            res.copied += 1
+            res.bytes += len(data)
+            progress.done(key, len(data), False)
+        if res.missing:
+            res.status = "incomplete"
+        elif res.copied:
+            res.status = "mirrored"
+        return res
+
     def _same_bytes(self, key: str) -> bool:
         try:
             a = self.src.get(key)
@@ -715,8 +770,11 @@ def restore(src_url: StorageLike, dst_url: StorageLike, run_id: str | None = Non
         m.check()
         report = RestoreReport(m.src.display_url, m.dst.display_url)
         ids = _run_ids(m.src, run_id)
-        if not ids:
+        lg_keys = list_keys(m.src, f"{LG_ROOT}/") if run_id is None else []
+        if not ids and not lg_keys:
             report.errors.append(f"{m.src.display_url} holds no runs to restore")
+        if lg_keys:
+            report.runs.append(_restore_langgraph(m, lg_keys, prog))
         for rid in ids:
             try:
                 with gc_paused():
@@ -728,6 +786,30 @@ def restore(src_url: StorageLike, dst_url: StorageLike, run_id: str | None = Non
         return report
     finally:
         m.close()
+
+
+def _restore_langgraph(m: _Mirror, keys: list[str], prog: Progress) -> RunResult:
+    """Copy a LangGraph saver's files back, never over a file the destination already holds."""
+    res = RunResult(LANGGRAPH_ENTRY, "restored")
+    for key in keys:
+        if TEMP_MARKER in key.rsplit("/", 1)[-1]:
+            continue
+        data = m.src.get(key)
+        try:
+            m.dst.put_if_absent(key, data)
+        except FileExistsError:
+            if m.dst.get(key) == data:
+                res.skipped += 1
+                prog.done(key, len(data), True)
+                continue
+            res.status = "conflict"
+            res.missing.append(key)
+            res.error = f"{key}: the destination already holds a different file under this name"
+            continue
+        res.copied += 1
+        res.bytes += len(data)
+        prog.done(key, len(data), False)
+    return res
 
 
 def restore_points(src_url: StorageLike, run_id: str,
