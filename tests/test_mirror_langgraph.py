@@ -73,3 +73,26 @@ def test_logs_are_mirrored_incrementally_and_restored(tmp_path: Path, s3: Embedd
     conflict = _entry(json.loads(capsys.readouterr().out))
     assert conflict["status"] == "conflict" and conflict["missing"]
     assert len(_history(dst, "t1")) == len(chain) + 1 + 2
+
+
+def test_a_log_copied_mid_append_restores_as_an_earlier_state(tmp_path: Path, s3: EmbeddedS3,
+                                                               s3_url: str) -> None:
+    from ckptfs.storage import open_storage
+
+    src = str(tmp_path / "a")
+    chain = _put_chain(CkptfsSaver(src, full_every=4), "t", 5)
+    assert mirror(src, s3_url, dst_options=s3.storage_options).ok
+    remote = open_storage(s3_url, s3.storage_options)
+    key = "langgraph/threads/t/_/.records"
+    whole = remote.get(key)
+    remote.put(key, whole[: len(whole) - 100])  # what a copy taken in the middle of the 5th put holds
+    dst = str(tmp_path / "b")
+    from ckptfs.mirror import restore
+
+    assert restore(s3_url, dst, src_options=s3.storage_options).ok
+    history = _history(dst, "t")
+    assert [cid for cid, _ in history] == [c["configurable"]["checkpoint_id"] for c, _ in chain[:4]][::-1]
+    assert history[0][1] == chain[3][1]
+    more = _put_chain(CkptfsSaver(dst), "t", 1)  # the next writer cuts the torn tail and appends
+    assert [cid for cid, _ in _history(dst, "t")][:2] == [
+        more[0][0]["configurable"]["checkpoint_id"], chain[3][0]["configurable"]["checkpoint_id"]]
