@@ -13,6 +13,7 @@ from backends.s3.embedded import EmbeddedS3
 from ckptfs import AgentRun, CheckpointStore, Step
 from ckptfs.cli import main
 from ckptfs.integrations.langgraph import CkptfsSaver
+from ckptfs.integrity import verify
 from ckptfs.mirror import LANGGRAPH_ENTRY, mirror
 from tests.test_langgraph_saver import _put_chain
 
@@ -43,6 +44,9 @@ def test_logs_are_mirrored_incrementally_and_restored(tmp_path: Path, s3: Embedd
     assert main(["mirror", src, s3_url, "--once", "--json", *ep]) == 0
     first = _entry(json.loads(capsys.readouterr().out))
     assert first["status"] == "mirrored" and first["copied"] >= 3  # two logs and the run markers
+    # the mirror's logs are objects now; verify checks them as the logs they are
+    checked = verify(s3_url, level="data", storage_options=s3.storage_options)
+    assert checked.ok, [f.to_dict() for f in checked.findings]
 
     assert main(["mirror", src, s3_url, "--once", "--json", *ep]) == 0
     again = _entry(json.loads(capsys.readouterr().out))
@@ -85,6 +89,11 @@ def test_a_log_copied_mid_append_restores_as_an_earlier_state(tmp_path: Path, s3
     remote = open_storage(s3_url, s3.storage_options)
     key = "langgraph/threads/t/_/.records"
     whole = remote.get(key)
+    raw = bytearray(whole)
+    raw[40] ^= 0x01  # verify on the mirror finds damage inside a mirrored log
+    remote.put(key, bytes(raw))
+    codes = {(f.code, f.key) for f in verify(s3_url, storage_options=s3.storage_options).findings}
+    assert ("lg-damaged-record", key) in codes
     remote.put(key, whole[: len(whole) - 100])  # what a copy taken in the middle of the 5th put holds
     dst = str(tmp_path / "b")
     from ckptfs.mirror import restore

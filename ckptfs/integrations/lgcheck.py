@@ -14,6 +14,7 @@ them into its own `Finding`s.
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +23,7 @@ from ckptfs.integrations import _lgformat as fmt
 from ckptfs.layout import LG_ROOT, lg_group_of
 from ckptfs.logfile import RecordLog
 from ckptfs.logstore import LOG_NAME, LogStorage
-from ckptfs.storage import LocalStorage, Storage
+from ckptfs.storage import LocalStorage, Storage, open_storage
 
 Problem = tuple[str, str, str, str]  # severity, code, message, key
 
@@ -30,22 +31,30 @@ Problem = tuple[str, str, str, str]  # severity, code, message, key
 def check_langgraph(storage: Storage, keys: list[str], level: str,
                     max_size: int = fmt.DEFAULT_MAX_DECODED) -> Iterator[Problem]:
     """Check every LangGraph key among `keys` (as the raw storage lists them)."""
+    logs = [k for k in keys if _is_log(k)]
+    if logs and not isinstance(storage, LocalStorage):
+        # a mirror of a local store holds its logs as objects: check copies of them as the files
+        # they were (findings name the same keys)
+        with tempfile.TemporaryDirectory(prefix="ckptfs-verify-") as tmp:
+            local = open_storage(tmp, {"fsync": False})
+            for key in logs:
+                local.put(key, storage.get(key))
+            yield from check_langgraph(local, logs, level, max_size)
+        keys = [k for k in keys if k not in set(logs)]
     view: Storage = storage
     groups: set[str] = set()
     for key in keys:
-        if key.endswith("/" + LOG_NAME) and isinstance(storage, LocalStorage):
-            group = key[: -len(LOG_NAME)]
-            if lg_group_of(group) == group:
-                groups.add(group)
-                log = RecordLog(storage.local_path(key), fsync=False)
-                try:
-                    log.refresh()
-                    for offset, why in log.damaged:
-                        yield ("error", "lg-damaged-record",
-                               f"damaged record at byte {offset} skipped ({why}): what it held is lost", key)
-                finally:
-                    log.close()
-                continue
+        if _is_log(key) and isinstance(storage, LocalStorage):
+            groups.add(key[: -len(LOG_NAME)])
+            log = RecordLog(storage.local_path(key), fsync=False)
+            try:
+                log.refresh()
+                for offset, why in log.damaged:
+                    yield ("error", "lg-damaged-record",
+                           f"damaged record at byte {offset} skipped ({why}): what it held is lost", key)
+            finally:
+                log.close()
+            continue
         owner = lg_group_of(key)
         if owner is not None:
             groups.add(owner)
@@ -61,6 +70,11 @@ def check_langgraph(storage: Storage, keys: list[str], level: str,
     finally:
         if view is not storage:
             view.close()
+
+
+def _is_log(key: str) -> bool:
+    group = key[: -len(LOG_NAME)]
+    return key.endswith("/" + LOG_NAME) and lg_group_of(group) == group
 
 
 def _check_marker(storage: Storage, key: str) -> Iterator[Problem]:
