@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from typing import IO, BinaryIO
 
-from ckptfs.errors import CorruptFileError
+from ckptfs.errors import CkptfsError, CorruptFileError
 from ckptfs.layout import artifact_key
 from ckptfs.models import ArtifactRef
 from ckptfs.storage import Storage
@@ -103,8 +103,9 @@ class ArtifactStore:
             data = bytes(source)
             sha = hashlib.sha256(data).hexdigest()
             ref = self._ref(sha, len(data), media_type, summary)
-            if not self._present(ref):
-                self._write(ref, io.BytesIO(data))
+            present = self._present(ref)
+            if not present:
+                self._write(ref, io.BytesIO(data), replace=present is None)
             return ref
         if isinstance(source, str | os.PathLike):
             with open(source, "rb") as f:
@@ -120,16 +121,19 @@ class ArtifactStore:
         start = f.tell()
         sha, n = _hash_stream(f)
         ref = self._ref(sha, n, media_type, summary)
-        if not self._present(ref):
+        present = self._present(ref)
+        if not present:
             f.seek(start)
-            self._write(ref, f)
+            self._write(ref, f, replace=present is None)
         return ref
 
     def _ref(self, sha: str, size: int, media_type: str, summary: str) -> ArtifactRef:
         return ArtifactRef(uri=artifact_key(sha), sha256=sha, size=size, media_type=media_type,
                            summary=summary)
 
-    def _present(self, ref: ArtifactRef) -> bool:
+    def _present(self, ref: ArtifactRef) -> bool | None:
+        """True: stored and young enough; False: absent; None: stored but it could not be
+        touched (e.g. S3 refuses to copy an archived object onto itself): write it afresh."""
         now = time.time()
         seen = self._known.get(ref.sha256)
         if seen is not None and now - seen < TOUCH_AFTER:
@@ -141,6 +145,9 @@ class ArtifactStore:
         except FileNotFoundError:  # never there, or collected since we last looked
             self._known.pop(ref.sha256, None)
             return False
+        except CkptfsError as exc:
+            logger.warning("cannot renew the age of %s (%s): writing it again", ref.uri, exc)
+            return None
         self._known[ref.sha256] = now
         return True
 
@@ -151,9 +158,9 @@ class ArtifactStore:
         except NotImplementedError:
             pass  # no ages on this backend: prune refuses to collect artifacts there anyway
 
-    def _write(self, ref: ArtifactRef, src: IO[bytes]) -> None:
+    def _write(self, ref: ArtifactRef, src: IO[bytes], replace: bool = False) -> None:
         try:
-            self.storage.put_stream(ref.uri, src, exclusive=True)
+            self.storage.put_stream(ref.uri, src, exclusive=not replace)
         except FileExistsError:
             # A concurrent writer stored the same content first, or a torn object sits there
             # from a non-atomic backend: check the size and replace it if it is wrong.

@@ -195,3 +195,24 @@ def test_a_writer_does_not_trust_its_memory_of_bytes_prune_collected(tmp_path: P
     monkeypatch.setattr(artifacts_module, "TOUCH_AFTER", 0.0)
     arts.put(b"x" * 10000)
     assert arts.read(ref) == b"x" * 10000  # past it, it looks again and writes the bytes back
+
+
+def test_bytes_that_cannot_be_touched_are_written_again(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """S3 refuses to copy an archived (GLACIER) object onto itself: the commit must not fail."""
+    from ckptfs.artifacts import ArtifactStore
+    from ckptfs.errors import StorageUnavailableError
+    from ckptfs.storage import LocalStorage, open_storage
+
+    storage = open_storage(str(tmp_path))
+    ref = ArtifactStore(storage).put(b"archived " * 2000)
+    t = time.time() - 86400
+    os.utime(tmp_path / ref.uri, (t, t))
+
+    def refuse(self: LocalStorage, key: str) -> None:
+        raise StorageUnavailableError(f"{key}: ObjectNotInActiveTierError")
+
+    monkeypatch.setattr(LocalStorage, "touch", refuse)
+    assert ArtifactStore(storage).put(b"archived " * 2000) == ref
+    assert time.time() - (tmp_path / ref.uri).stat().st_mtime < 60  # written afresh: young again
+    assert ArtifactStore(storage).read(ref) == b"archived " * 2000
