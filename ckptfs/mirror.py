@@ -65,7 +65,17 @@ from ckptfs.errors import (
     VersionNotFoundError,
 )
 from ckptfs.integrity import list_keys
-from ckptfs.layout import ARTIFACTS, LG_ROOT, RUNS, RunFile, parse_artifact_key, parse_run_key, run_prefix
+from ckptfs.layout import (
+    ARTIFACTS,
+    LG_ROOT,
+    RUNS,
+    RunFile,
+    lg_group_of,
+    parse_artifact_key,
+    parse_run_key,
+    run_prefix,
+)
+from ckptfs.logstore import LOG_NAME, LogStorage
 from ckptfs.models import ArtifactRef, validate_id
 from ckptfs.retry import RetryingStorage
 from ckptfs.storage import TEMP_MARKER, Capabilities, Keys, LocalStorage, Storage, check_key, open_storage
@@ -661,44 +671,67 @@ class _Mirror:
         Not restore points: on local disk a thread namespace is one append-only record log,
         whose bytes at any moment are whole records plus perhaps a torn tail a reader ignores,
         so a copy taken while the saver writes is a consistent earlier state. A file is sent
-        when its size differs from the mirror's copy, or its bytes do when the sizes match;
-        files the source no longer has stay on the mirror.
+        when its size differs from the mirror's copy, or its bytes do when the sizes match. A
+        file that vanished while the pass ran (a prune moves versions to `held/` before it
+        deletes a checkpoint) makes the pass list again, so what replaced it is sent too. Once
+        everything arrived, files the source no longer has leave the mirror: a deleted thread
+        must not come back with a restore.
         """
-        keys = [k for k in list_keys(self.src, f"{LG_ROOT}/") if TEMP_MARKER not in k.rsplit("/", 1)[-1]]
-        if not keys:
-            return None
         res = RunResult(LANGGRAPH_ENTRY, "up-to-date")
         present = set(list_keys(self.dst, f"{LG_ROOT}/"))
-        for key in keys:
-            try:
-                data = self.src.get(key)
-            except FileNotFoundError:
-                continue  # deleted (or compacted away) since the listing
-            digest = hashlib.sha256(data).digest()
-            try:
-                if key in present and self.dst.size(key) == len(data) and (
-                        self.lg_sent.get(key) == digest
-                        or hashlib.sha256(self.dst.get(key)).digest() == digest):
-                    self.lg_sent[key] = digest
-                    res.skipped += 1
-                    progress.done(key, len(data), True)
+        done: set[str] = set()
+        for _round in range(3):
+            keys = [k for k in list_keys(self.src, f"{LG_ROOT}/")
+                    if TEMP_MARKER not in k.rsplit("/", 1)[-1]]
+            vanished = False
+            for key in keys:
+                if key in done:
                     continue
-                etag = self.dst.put(key, data)
-                if _verify_etag(etag, data) is False:
-                    raise _Missing(f"{key}: upload did not verify")
-                self.lg_sent[key] = digest
-            except (StorageUnavailableError, _Missing) as exc:
-                res.missing.append(key)
-                res.error = str(exc)
-                continue
-            res.copied += 1
-            res.bytes += len(data)
-            progress.done(key, len(data), False)
+                done.add(key)
+                try:
+                    data = self.src.get(key)
+                except FileNotFoundError:
+                    vanished = True
+                    continue
+                self._send_langgraph(key, data, key in present, res, progress)
+            if not vanished:
+                break
+        else:
+            res.missing.append(f"{LG_ROOT}/ kept changing during the pass")
+        if not done and not present:
+            return None
+        if not res.missing:
+            gone = sorted(present - set(keys))
+            self.dst.delete_many(gone)
+            res.deleted = len(gone)
         if res.missing:
             res.status = "incomplete"
-        elif res.copied:
+        elif res.copied or res.deleted:
             res.status = "mirrored"
         return res
+
+    def _send_langgraph(self, key: str, data: bytes, present: bool, res: RunResult,
+                        progress: Progress) -> None:
+        digest = hashlib.sha256(data).digest()
+        try:
+            if present and self.dst.size(key) == len(data) and (
+                    self.lg_sent.get(key) == digest
+                    or hashlib.sha256(self.dst.get(key)).digest() == digest):
+                self.lg_sent[key] = digest
+                res.skipped += 1
+                progress.done(key, len(data), True)
+                return
+            etag = self.dst.put(key, data)
+            if _verify_etag(etag, data) is False:
+                raise _Missing(f"{key}: upload did not verify")
+            self.lg_sent[key] = digest
+        except (StorageUnavailableError, _Missing) as exc:
+            res.missing.append(key)
+            res.error = str(exc)
+            return
+        res.copied += 1
+        res.bytes += len(data)
+        progress.done(key, len(data), False)
 
     def _same_bytes(self, key: str) -> bool:
         try:
@@ -789,12 +822,30 @@ def restore(src_url: StorageLike, dst_url: StorageLike, run_id: str | None = Non
 
 
 def _restore_langgraph(m: _Mirror, keys: list[str], prog: Progress) -> RunResult:
-    """Copy a LangGraph saver's files back, never over a file the destination already holds."""
+    """Copy a LangGraph saver's files back, never over a file the destination already holds.
+
+    A record log is a file of local disk; a saver on S3 or in memory reads one object per key,
+    so for those destinations each log's live records are written out as those objects.
+    """
     res = RunResult(LANGGRAPH_ENTRY, "restored")
-    for key in keys:
-        if TEMP_MARKER in key.rsplit("/", 1)[-1]:
-            continue
-        data = m.src.get(key)
+    dst = m.dst.inner if isinstance(m.dst, RetryingStorage) else m.dst
+    items: list[tuple[str, bytes]] = []
+    with tempfile.TemporaryDirectory(prefix="ckptfs-restore-lg-") as tmp:
+        logs = open_storage(tmp, {"fsync": False})
+        for key in keys:
+            if TEMP_MARKER in key.rsplit("/", 1)[-1]:
+                continue
+            data = m.src.get(key)
+            if key.endswith("/" + LOG_NAME) and not isinstance(dst, LocalStorage):
+                assert isinstance(logs, LocalStorage)
+                logs.put(key, data)
+                view = LogStorage(logs, lg_group_of)
+                group = key[: -len(LOG_NAME)]
+                items.extend((k, view.get(k)) for k in view.list(group))
+                view.close()
+            else:
+                items.append((key, data))
+    for key, data in items:
         try:
             m.dst.put_if_absent(key, data)
         except FileExistsError:

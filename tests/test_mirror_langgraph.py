@@ -105,3 +105,61 @@ def test_a_log_copied_mid_append_restores_as_an_earlier_state(tmp_path: Path, s3
     more = _put_chain(CkptfsSaver(dst), "t", 1)  # the next writer cuts the torn tail and appends
     assert [cid for cid, _ in _history(dst, "t")][:2] == [
         more[0][0]["configurable"]["checkpoint_id"], chain[3][0]["configurable"]["checkpoint_id"]]
+
+
+def test_a_deleted_thread_leaves_the_mirror_and_restore_to_s3_expands_the_logs(
+        tmp_path: Path, s3: EmbeddedS3, s3_url: str) -> None:
+    from ckptfs.mirror import restore
+    from ckptfs.storage import open_storage
+
+    src = str(tmp_path / "a")
+    saver = CkptfsSaver(src, full_every=4)
+    kept = _put_chain(saver, "kept", 3)
+    _put_chain(saver, "secret", 3)
+    # a namespace written before the log existed, then continued with it: plain files + log
+    _put_chain(CkptfsSaver(src, log=False), "mixed", 2)
+    _put_chain(saver, "mixed", 1)
+    opts = s3.storage_options
+    assert mirror(src, s3_url, dst_options=opts).ok
+    assert verify(s3_url, level="data", storage_options=opts).ok  # plain files beside a log: one namespace
+    saver.delete_thread("secret")
+    report = mirror(src, s3_url, dst_options=opts)
+    entry = next(r for r in report.runs if r.run_id == LANGGRAPH_ENTRY)
+    assert entry.deleted >= 1 and entry.status == "mirrored"
+    assert not open_storage(s3_url, opts).list("langgraph/threads/secret/")
+    # a saver on S3 reads an object per key: the restore writes each log's live records out
+    dst = s3.url("restored-elsewhere")
+    assert restore(s3_url, dst, src_options=opts, dst_options=opts).ok
+    on_s3 = CkptfsSaver(dst, opts)
+    assert on_s3.get_tuple({"configurable": {"thread_id": "secret"}}) is None
+    latest = on_s3.get_tuple({"configurable": {"thread_id": "kept"}})
+    assert latest is not None and latest.checkpoint["channel_values"]["messages"] == kept[-1][1]
+    assert len(list(on_s3.list({"configurable": {"thread_id": "mixed"}}))) == 3
+
+
+def test_a_prune_during_the_pass_leaves_a_readable_mirror(tmp_path: Path) -> None:
+    """An object-per-key source (memory, S3): the prune moves versions to held/ and deletes
+    checkpoints while the pass reads; the pass lists again and sends what replaced them."""
+    import uuid
+
+    from ckptfs.storage import open_storage
+
+    src_url = f"memory://lg-src-{uuid.uuid4().hex[:8]}"
+    saver = CkptfsSaver(src_url, full_every=8)
+    chain = _put_chain(saver, "t", 6)
+    src = open_storage(src_url)
+    real_get = src.get
+    pruned: list[bool] = []
+
+    def get_then_prune(key: str) -> bytes:
+        if not pruned and "/ckpt/" in key:
+            pruned.append(True)
+            saver.prune(["t"], keep_last=1)  # between the pass's listing and its reads
+        return real_get(key)
+
+    src.get = get_then_prune  # type: ignore[method-assign]
+    dst = str(tmp_path / "mirror")
+    assert mirror(src, dst).ok and pruned
+    assert verify(dst, level="data").ok
+    latest = CkptfsSaver(dst, log=False).get_tuple({"configurable": {"thread_id": "t"}})
+    assert latest is not None and latest.checkpoint["channel_values"]["messages"] == chain[-1][1]

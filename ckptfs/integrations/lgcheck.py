@@ -31,16 +31,17 @@ Problem = tuple[str, str, str, str]  # severity, code, message, key
 def check_langgraph(storage: Storage, keys: list[str], level: str,
                     max_size: int = fmt.DEFAULT_MAX_DECODED) -> Iterator[Problem]:
     """Check every LangGraph key among `keys` (as the raw storage lists them)."""
-    logs = [k for k in keys if _is_log(k)]
-    if logs and not isinstance(storage, LocalStorage):
-        # a mirror of a local store holds its logs as objects: check copies of them as the files
-        # they were (findings name the same keys)
+    logged = {k[: -len(LOG_NAME)] for k in keys if _is_log(k)}
+    if logged and not isinstance(storage, LocalStorage):
+        # a mirror of a local store holds its logs as objects: check copies of those namespaces
+        # (log and any plain files beside it) as the files they were; findings name the same keys
+        local_keys = [k for k in keys if lg_group_of(k) in logged]
         with tempfile.TemporaryDirectory(prefix="ckptfs-verify-") as tmp:
             local = open_storage(tmp, {"fsync": False})
-            for key in logs:
+            for key in local_keys:
                 local.put(key, storage.get(key))
-            yield from check_langgraph(local, logs, level, max_size)
-        keys = [k for k in keys if k not in set(logs)]
+            yield from check_langgraph(local, local_keys, level, max_size)
+        keys = [k for k in keys if lg_group_of(k) not in logged]
     view: Storage = storage
     groups: set[str] = set()
     for key in keys:
