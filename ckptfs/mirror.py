@@ -56,6 +56,7 @@ from datetime import timedelta
 from typing import IO, Any, Protocol
 
 from ckptfs import codec
+from ckptfs.artifacts import TOUCH_AFTER
 from ckptfs.chain import RunIndex
 from ckptfs.errors import (
     CheckpointCorruptError,
@@ -565,7 +566,8 @@ class _Mirror:
         self.src = _as_storage(src, src_options, attempts, base_delay)
         self.dst = _as_storage(dst, dst_options, attempts, base_delay)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptfs-mirror")
-        self.known: set[str] = set()
+        self.known: set[str] = set()  # artifact keys verified at dst; trusted for TOUCH_AFTER
+        self.known_since = time.monotonic()
         self.lg_sent: dict[str, bytes] = {}  # LangGraph file -> sha256 the mirror holds (across passes)
 
     def close(self) -> None:
@@ -579,6 +581,10 @@ class _Mirror:
     def pass_(self, run_id: str | Iterable[str] | None, every_n: int, latest: bool,
               keep_last: int | None, progress: Progress) -> MirrorReport:
         t0 = time.monotonic()
+        if t0 - self.known_since > TOUCH_AFTER:
+            # a `ckptfs prune` of the mirror may have collected artifacts since: look again
+            self.known.clear()
+            self.known_since = t0
         before = _retries(self.src, self.dst)
         report = MirrorReport(self.src.display_url, self.dst.display_url)
         for rid in _run_ids(self.src, run_id):

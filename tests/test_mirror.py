@@ -259,3 +259,33 @@ def test_bad_arguments_are_refused_before_anything_is_written(tmp_path: Path, me
         mirror(str(tmp_path / "file"), memory_url)
     assert MemoryStorage  # the memory backend is process-wide: nothing above wrote to it
     assert open_storage(memory_url).list("") == []
+
+
+def test_a_long_lived_mirror_looks_again_for_artifacts_a_prune_of_the_mirror_took(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MirrorJob reuses one _Mirror: what it remembers as present is re-checked after
+    TOUCH_AFTER, so an artifact collected on the mirror between passes is sent again."""
+    import importlib
+
+    from ckptfs.layout import parse_artifact_key
+
+    mirror_module = importlib.import_module("ckptfs.mirror")
+    src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
+    store = CheckpointStore(src, policy=POLICY, artifact_threshold=1024)
+    work(store, RUN, 9, stop_after=5)
+    m = mirror_module._Mirror(src, dst, src_options=None, dst_options=None, workers=2, attempts=1,
+                              base_delay=0.0)
+    try:
+        assert m.pass_(None, 1, True, None, mirror_module._NoProgress()).ok
+        arts = [p for p in (tmp_path / "dst").rglob("*") if p.is_file()
+                and parse_artifact_key(str(p.relative_to(tmp_path / "dst"))) is not None]
+        assert arts
+        arts[0].unlink()  # a prune of the mirror collected it (say its referencing runs were gone)
+        work(store, RUN, 9)  # the run moves on and still references it
+        monkeypatch.setattr(mirror_module, "TOUCH_AFTER", 0.0)
+        assert m.pass_(None, 1, True, None, mirror_module._NoProgress()).ok
+    finally:
+        m.close()
+        store.close()
+    assert arts[0].exists()
+    assert CheckpointStore(dst).load_run(RUN) is not None
