@@ -14,7 +14,9 @@ Record framing, little-endian::
 A record at an offset is whole and valid when its header crc matches, it ends inside the file and
 its payload crc matches. A header that is intact but claims bytes past the end of the file is a
 record being written right now or torn by a crash: the scan stops there. A payload that fails its
-crc under an intact header is damage bounded by that header. Only a damaged header makes the scan
+crc under an intact header, with all its bytes present, is damage bounded by that header, even as
+the last record (a file grows only as the pages of a write land, so a crash leaves a record short,
+not long and wrong): it is kept, so it can be reported. Only a damaged header makes the scan
 search forward (for the next valid record); no search ever starts inside a record whose end is
 known, so bytes stored *inside* a value (which may well contain a whole valid frame: a state can
 hold a copy of a log) are never taken for a record. Bytes skipped before a later valid record are
@@ -339,11 +341,17 @@ class RecordLog:
             claimed = _claimed(buf, pos)
             if claimed >= 0 and pos + HEADER_SIZE + claimed > len(buf):
                 break  # a record still being written, or torn by a crash: never look inside it
-            # an intact header bounds the damage to its own record; only a damaged header
-            # makes us search, and a search never starts inside a record we know the end of
-            nxt = _next_valid(raw, buf, pos + HEADER_SIZE + claimed if claimed >= 0 else pos + 1)
-            if nxt < 0:
-                break  # a torn tail
+            if claimed >= 0:
+                # An intact header and all its bytes present, yet the payload fails: damage
+                # bounded by the header, even as the last record (a file grows only as its
+                # pages are written, so a crash leaves a short record, not a long wrong one).
+                # Kept, not truncated, so verify can name it and its key is not served stale.
+                nxt = pos + HEADER_SIZE + claimed
+            else:
+                # only a damaged header makes us search for the next record
+                nxt = _next_valid(raw, buf, pos + 1)
+                if nxt < 0:
+                    break  # a torn tail
             self.damaged.append((start + pos, why))
             logger.warning("%s: %d damaged bytes at offset %d skipped (%s)",
                            self.path, nxt - pos, start + pos, why)

@@ -510,3 +510,18 @@ def test_a_temp_file_of_a_killed_rewrite_is_swept_by_the_next_writer(tmp_path: P
     append(RecordLog(str(path)), b"two")
     assert not leftover.exists()
     assert [p for _, p in RecordLog(str(path)).refresh()[1]] == [b"one", b"two"]
+
+
+def test_a_flipped_byte_in_the_last_record_is_damage_not_a_torn_tail(tmp_path: Path) -> None:
+    path = tmp_path / "l"
+    log, offs = five(path)
+    good = {o: log.read(o) for o in offs}
+    raw = bytearray(path.read_bytes())
+    raw[offs[4] + HEADER_SIZE + 3] ^= 0x04
+    path.write_bytes(bytes(raw))
+    reader = RecordLog(str(path))
+    assert [o for o, _ in reader.refresh()[1]] == offs[:4]
+    assert [o for o, _ in reader.damaged] == [offs[4]]
+    new = append(RecordLog(str(path)), b"six")  # the writer keeps it: evidence, not junk
+    assert new == [offs[4] + HEADER_SIZE + len(good[offs[4]])]
+    assert reader.refresh() == (False, [(new[0], b"six")])
