@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import IO, Any, TypeVar
 
 from ckptfs.errors import StorageUnavailableError
-from ckptfs.storage import Keys, Storage
+from ckptfs.storage import Keys, Storage, s3_error
 
 logger = logging.getLogger(__name__)
 
@@ -47,22 +47,6 @@ _TRANSIENT_WORDS = ("SlowDown", "reduce your request rate", "InternalError", "Se
                     "Server disconnected", "timed out", "Remote end closed")
 
 
-def _error_code(exc: BaseException) -> tuple[str | None, int | None]:
-    """The S3 error code and HTTP status found anywhere in the exception's chain."""
-    seen = 0
-    cur: BaseException | None = exc
-    while cur is not None and seen < 8:
-        resp = getattr(cur, "response", None)
-        if isinstance(resp, dict):
-            code = resp.get("Error", {}).get("Code")
-            status = resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            return (str(code) if code is not None else None,
-                    int(status) if isinstance(status, int) else None)
-        cur = cur.__cause__ or cur.__context__
-        seen += 1
-    return None, None
-
-
 def is_transient(exc: BaseException) -> bool:
     """True for failures worth another try: throttling, 5xx, timeouts, lost connections."""
     if isinstance(exc, FileNotFoundError | FileExistsError | PermissionError | IsADirectoryError):
@@ -70,7 +54,7 @@ def is_transient(exc: BaseException) -> bool:
     if not isinstance(exc, StorageUnavailableError | OSError | TimeoutError):
         name = type(exc).__name__
         return any(n in name for n in _TRANSIENT_NAMES)
-    code, status = _error_code(exc)
+    code, status = s3_error(exc)
     if code in _PERMANENT_CODES:
         return False
     if code in _TRANSIENT_CODES or (status is not None and (status >= 500 or status == 429)):

@@ -643,17 +643,21 @@ _UNAVAILABLE_CODES = {
 }
 
 
-def _client_error_code(exc: BaseException) -> str | None:
+def s3_error(exc: BaseException) -> tuple[str | None, int | None]:
+    """The S3 error code and HTTP status found anywhere in the exception's chain (botocore
+    errors arrive wrapped by s3fs and aiobotocore, so the response may sit a few causes down)."""
     seen = 0
     cur: BaseException | None = exc
-    while cur is not None and seen < 5:
+    while cur is not None and seen < 8:
         resp = getattr(cur, "response", None)
         if isinstance(resp, dict):
             code = resp.get("Error", {}).get("Code")
-            return str(code) if code is not None else None
+            status = resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            return (str(code) if code is not None else None,
+                    int(status) if isinstance(status, int) else None)
         cur = cur.__cause__ or cur.__context__
         seen += 1
-    return None
+    return None, None
 
 
 class S3Storage(Storage):
@@ -699,7 +703,7 @@ class S3Storage(Storage):
         try:
             yield
         except (FileExistsError, PreconditionFailed, FileNotFoundError) as exc:
-            code = _client_error_code(exc)
+            code = s3_error(exc)[0]
             if code in _UNAVAILABLE_CODES:
                 raise StorageUnavailableError(f"{self.display_url}: {code}: {exc}") from None
             raise
@@ -708,7 +712,7 @@ class S3Storage(Storage):
         except PermissionError as exc:
             raise StorageUnavailableError(f"{self.display_url}: access refused: {exc}") from None
         except OSError as exc:
-            code = _client_error_code(exc)
+            code = s3_error(exc)[0]
             if code == "PreconditionFailed":
                 raise PreconditionFailed(f"{key}: object changed") from None
             if code in ("NoSuchKey", "404"):
