@@ -169,6 +169,37 @@ class TestLogStorage(StorageConformance):
         assert fresh.list("g/") == ["g/a"]
         assert fresh.get("g/a") == b"1"
 
+    def test_close_while_other_threads_work_leaves_it_usable(self, tmp_path: Path) -> None:
+        import threading
+
+        inner = open_storage(str(tmp_path), {"fsync": False})  # fast calls: many land beside a close
+        assert isinstance(inner, LocalStorage)
+        s = LogStorage(inner, first_segment)
+        s.put("g/a", b"A")
+        errors: list[str] = []
+        stop = threading.Event()
+
+        def worker() -> None:
+            i = 0
+            while not stop.is_set():
+                i += 1
+                try:
+                    s.put(f"g/k{i % 50}", b"v")
+                    assert s.get("g/a") == b"A"
+                except Exception as exc:
+                    errors.append(f"{type(exc).__name__}: {exc}")
+
+        threads = [threading.Thread(target=worker) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for _ in range(300):
+            s.close()
+        stop.set()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert s.get("g/a") == b"A"
+
 
 _CHILD = """
 import random
