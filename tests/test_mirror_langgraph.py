@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from langgraph.checkpoint.base.id import uuid6
 
 from backends.s3.embedded import EmbeddedS3
 from ckptfs import AgentRun, CheckpointStore, Step
@@ -52,7 +53,7 @@ def test_logs_are_mirrored_incrementally_and_restored(tmp_path: Path, s3: Embedd
     again = _entry(json.loads(capsys.readouterr().out))
     assert again["status"] == "up-to-date" and again["copied"] == 0
 
-    saver.put(chain[-1][0], {"v": 4, "id": "1f1ec9ff-0000-6000-8000-000000000000", "ts": "2026-01-01",
+    saver.put(chain[-1][0], {"v": 4, "id": str(uuid6(clock_seq=99)), "ts": "2026-01-01",
                               "channel_values": {"messages": [*chain[-1][1], "one more"]},
                               "channel_versions": {"messages": 99}, "versions_seen": {}},
               {"source": "loop", "step": 99}, {"messages": 99})
