@@ -36,6 +36,18 @@ class ConflictError(CkptfsError):
         super().__init__(f"{msg}: {detail}" if detail else msg)
 
 
+class LeaseLostError(CkptfsError):
+    """This worker no longer holds the step's lease: another took it over (its generation is
+    newer) or the step is already done. Nothing was written; stop working on the step."""
+
+    def __init__(self, run_id: str, step_id: str, generation: int, detail: str) -> None:
+        self.step_id = step_id
+        self.generation = generation
+        self.run_id = run_id
+        super().__init__(f"run {run_id!r}: lost the lease of step {step_id!r} "
+                         f"(generation {generation}): {detail}")
+
+
 class CorruptFileError(CkptfsError):
     """One stored file failed to decode or validate (checksum, hash, schema, chain)."""
 

@@ -5,6 +5,7 @@ Numbers are zero-padded to 12 digits so a plain listing sorts by version.
     runs/<run_id>/log/<version>.ckpt            journal record: one commit's change
     runs/<run_id>/delta/<base>-<version>.ckpt   merged journal records base+1..version
     runs/<run_id>/snap/<version>.ckpt           full state at version
+    runs/<run_id>/lease/<step_id>.lease         which worker may work on a step (leases.py)
     artifacts/sha256/<aa>/<sha256>              large value, named by its content
 """
 
@@ -36,6 +37,10 @@ def delta_key(run_id: str, base: int, version: int) -> str:
 
 def snap_key(run_id: str, version: int) -> str:
     return f"{run_prefix(run_id)}snap/{version:0{_WIDTH}d}.ckpt"
+
+
+def lease_key(run_id: str, step_id: str) -> str:
+    return f"{run_prefix(run_id)}lease/{validate_id(step_id, 'step id')}.lease"
 
 
 def artifact_key(sha256: str) -> str:

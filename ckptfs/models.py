@@ -115,6 +115,9 @@ class Step(BaseModel):
     tokens: int = 0
     cost_usd: float = 0.0
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # Generation of the lease this step was last committed under (0: no lease, one process).
+    # The store refuses a leased commit with a lower one: the fencing token of leases.py.
+    lease_generation: int = Field(default=0, ge=0)
 
     @field_validator("id")
     @classmethod

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import queue
+import random
 import socket
 import threading
 import time
@@ -48,10 +49,12 @@ from ckptfs.errors import (
     ConflictError,
     CorruptFileError,
     InvalidIdError,
+    LeaseLostError,
     UnsupportedFormatError,
     VersionNotFoundError,
 )
 from ckptfs.layout import RUNS, RunFile, delta_key, log_key, parse_run_key, run_prefix, snap_key
+from ckptfs.leases import Lease
 from ckptfs.models import (
     AgentRun,
     ArtifactRef,
@@ -624,6 +627,45 @@ class CheckpointStore:
         """Checkpoint one step's state as the run's next version (seed API)."""
         validate_id(run_id, "run id")
         return self._commit_steps(run_id, None, [step])
+
+    def commit_step(self, run_id: str, step: Step, lease: Lease, *, attempts: int = 10) -> int:
+        """Commit one step under a lease: the write path of several workers sharing a run.
+
+        Stamps `step.lease_generation` and refuses (LeaseLostError, nothing written) when the
+        stored step was committed under a newer generation, or was completed under another one
+        (its work is done: a successor must not redo it, a stale holder must not overwrite it).
+        The check is made against the exact version the commit extends: versions are created
+        exclusively, so if another worker committed in between, the create fails, the head is
+        reloaded and the check runs again. Only this step's fields are written, so the retry
+        merges with whatever the others committed meanwhile.
+        """
+        if (lease.run_id, lease.step_id) != (run_id, step.id):
+            raise ValueError(f"commit_step: lease is for {lease.run_id}/{lease.step_id}, "
+                             f"not {run_id}/{step.id}")
+        for attempt in range(attempts):
+            with self._lock(run_id):
+                head = self._head(run_id)
+                stored = head.steps_cmp.get(step.id)
+                if stored is None:
+                    raise KeyError(f"run {run_id!r} has no step {step.id!r}")
+                doc = json.loads(stored)
+                fence = int(doc.get("lease_generation", 0))
+                if fence > lease.generation:
+                    raise LeaseLostError(run_id, step.id, lease.generation,
+                                         f"generation {fence} has committed the step since")
+                if doc.get("status") == StepStatus.COMPLETED.value and fence != lease.generation:
+                    raise LeaseLostError(run_id, step.id, lease.generation,
+                                         f"the step was already completed (generation {fence})")
+                if step.lease_generation != lease.generation:
+                    step.lease_generation = lease.generation
+                try:
+                    return self._commit_steps(run_id, None, [step])
+                except ConflictError:
+                    if attempt == attempts - 1:
+                        raise
+            # another worker committed first: back off a little, with jitter, and rebase
+            time.sleep(min(0.5, 0.005 * 2 ** attempt) * (0.5 + random.random()))
+        raise AssertionError("unreachable")
 
     def _commit_steps(self, run_id: str, run: AgentRun | None, steps: Iterable[Step],
                       full: bool = False) -> int:

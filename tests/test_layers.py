@@ -16,8 +16,8 @@ LAYER = {
     "codec": 2, "layout": 2, "changes": 2, "chain": 3,
     "storage": 3, "retry": 3, "logstore": 3,
     "logfile": 3,
-    "artifacts": 4, "store": 4,
-    "policy": 5, "tools": 5, "agent": 5, "resume": 5, "integrations": 5,
+    "artifacts": 4, "leases": 4, "store": 4,
+    "policy": 5, "tools": 5, "agent": 5, "resume": 5, "worker": 5, "integrations": 5,
     "integrity": 6, "prune": 6, "mirror": 6, "config": 6,
     "cli": 7,
 }
