@@ -712,14 +712,17 @@ class CheckpointedAgent:
         state = self._tool_states.get(key)
         if state is None:
             state = ToolLogState()
-            ex = self._active.get(run_id)
-            step = ex.run.steps.get(step_id) if ex is not None else None
             calls = self.store.get_tool_call_history(run_id, step_id)
-            start = step.metadata.get(TOOL_LOG_START, 0) if step is not None else 0
-            for call in calls[start:]:
+            for call in calls[self._tool_log_start(run_id, step_id):]:
                 state.add(call)
             self._tool_states[key] = state
         return state
+
+    def _tool_log_start(self, run_id: str, step_id: str) -> int:
+        """Where the step's current attempt starts in its tool log (a reset fences off the rest)."""
+        ex = self._active.get(run_id)
+        step = ex.run.steps.get(step_id) if ex is not None else None
+        return int(step.metadata.get(TOOL_LOG_START, 0)) if step is not None else 0
 
     def _tool_plan(self, run_id: str, step_id: str, when: str, force: bool) -> tuple[_Execution,
                                                                                       list[Step]] | None:

@@ -1,0 +1,324 @@
+"""Worker: one of several processes, on any machines, that share a run through one bucket.
+
+`CheckpointedAgent` runs a run in one process. When one machine is not enough, start a
+`Worker` wherever you like, all pointed at the same `s3://` URL (or a shared local disk):
+
+    Worker(CheckpointStore("s3://bucket/agents")).work(run_id, executor)
+
+Each worker loads the run, picks a ready step, claims it with a lease (`leases.py`: exclusive
+create, CAS renewals, observed expiry) and commits the step under the lease's generation
+(`CheckpointStore.commit_step`), so:
+
+* a step runs on one worker at a time, and a completed step is never redone;
+* a worker that dies (SIGKILL, machine loss) stops renewing; after its lease's ttl another
+  worker takes the step over, with the tool calls the dead one logged, so paid calls are not
+  repeated;
+* a worker that stalls past its lease and wakes up (a suspended VM) is fenced off: its late
+  commit is refused with LeaseLostError and it makes no new tool call, since every real call
+  first checks the lease is still trusted.
+
+Coordination is the bucket's conditional writes and nothing else: no server, no clock
+agreement. Commits from different workers merge (each writes only its step) and a worker
+whose commit lost a race rebases and retries. A failed attempt that may be retried goes back to
+PENDING with a not-before time (`RetryPolicy` backoff, a 429's `retry_after`); when a step's
+attempts are used up it is FAILED (workers always "fail": one worker cannot stop the others)
+and whatever depends on it is SKIPPED when the run is finished.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptfs.agent import CheckpointedAgent, Executor, StepResult, _current_step, _unpack
+from ckptfs.errors import ConflictError, LeaseLostError
+from ckptfs.leases import DEFAULT_TTL, Heartbeat, Lease, LeaseManager
+from ckptfs.models import AgentRun, Step, StepStatus
+from ckptfs.policy import RetryPolicy
+from ckptfs.resume import SKIP_REASON, TOOL_LOG_START, downstream
+from ckptfs.store import CheckpointStore
+from ckptfs.tools import IdempotentToolRunner
+
+logger = logging.getLogger(__name__)
+
+NOT_BEFORE = "ckptfs.not_before"  # step metadata: wall-clock time before which no retry starts
+_DONE = (StepStatus.COMPLETED, StepStatus.FAILED, StepStatus.SKIPPED)
+_FINISHED_RUN = ("completed", "completed_with_errors")
+
+__all__ = ["StepResult", "WorkReport", "Worker"]
+
+
+@dataclass
+class WorkReport:
+    """What one `Worker.work` call did; the run's own state is in the store."""
+
+    run_id: str
+    worker_id: str
+    completed: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    retried: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)  # steps whose lease was taken from us
+    run_status: str = ""
+
+    @property
+    def taken(self) -> int:
+        """Step attempts this worker took on, however they ended."""
+        return len(self.completed) + len(self.failed) + len(self.retried) + len(self.lost)
+
+
+class _LeasedAgent(CheckpointedAgent):
+    """The tool-call plumbing of CheckpointedAgent, with a lease check before every real call."""
+
+    def __init__(self, store: CheckpointStore, worker: Worker) -> None:
+        super().__init__(store)
+        self._worker = worker
+
+    def _tool_checkpoint(self, run_id: str, step_id: str, when: str, force: bool) -> None:
+        if when == "start":
+            self._worker._check(run_id, step_id)
+
+    async def _atool_checkpoint(self, run_id: str, step_id: str, when: str, force: bool) -> None:
+        self._tool_checkpoint(run_id, step_id, when, force)
+
+    def _tool_log_start(self, run_id: str, step_id: str) -> int:
+        step = self._worker._steps.get((run_id, step_id))
+        return int(step.metadata.get(TOOL_LOG_START, 0)) if step is not None else 0
+
+
+class Worker:
+    """Takes ready steps of a shared run one at a time, under leases, until none is left.
+
+    `lease_ttl` is how long this worker may be silent before others take its step over; the
+    heartbeat renews every ttl/4. `poll_interval` is the wait when every ready step is leased
+    by others. `clock` is monotonic seconds (tests pass a fake one).
+    """
+
+    def __init__(self, store: CheckpointStore, *, worker_id: str | None = None,
+                 lease_ttl: float = DEFAULT_TTL, retry: RetryPolicy | None = None,
+                 poll_interval: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.store = store
+        self.leases = LeaseManager(store.storage, worker_id, ttl=lease_ttl, clock=clock)
+        self.worker_id = self.leases.holder
+        self.retry = retry or RetryPolicy()
+        self.poll_interval = poll_interval
+        self._agent = _LeasedAgent(store, self)
+        self._beats: dict[tuple[str, str], Heartbeat] = {}
+        self._steps: dict[tuple[str, str], Step] = {}
+        self._rng = random.Random()
+
+    # ----------------------------------------------------------------------- public API
+
+    def tools(self) -> IdempotentToolRunner:
+        """The tool runner of the step the calling executor runs (as `agent.tools()`)."""
+        cur = _current_step.get()
+        if cur is None:
+            raise RuntimeError("worker.tools() is only available inside an executor")
+        return IdempotentToolRunner(self._agent, cur[0], cur[1])
+
+    def work(self, run_id: str, executor: Executor, *, max_steps: int | None = None,
+             idle_timeout: float | None = None) -> WorkReport:
+        """Run ready steps of `run_id` until the run is finished (or `max_steps` were taken on).
+
+        `executor(step, prior_calls) -> str | StepResult`, as for `execute_run`; it may be
+        async. Returns when no step is left to run by anyone; while others still run steps
+        this one waits (at most `idle_timeout` seconds without work, if given).
+        """
+        report = WorkReport(run_id, self.worker_id)
+        idle_since: float | None = None
+        while max_steps is None or report.taken < max_steps:
+            run = self.store.load_run(run_id)
+            if run is None:
+                raise KeyError(f"run {run_id!r} has no saved state; start it first")
+            if run.status == "superseded":
+                raise ValueError(f"run {run_id!r} was superseded by "
+                                 f"{run.metadata.get('superseded_by')!r}; work on that one")
+            if run.status == "paused":
+                logger.info("run %s is paused; worker %s stops", run_id, self.worker_id)
+                break
+            runnable, left, blocked = self._classify(run)
+            if not left:
+                self._finish(run, blocked)
+                break
+            did = False
+            for step in runnable:
+                lease = self.leases.acquire(run_id, step.id)
+                if lease is None:
+                    continue
+                did = True
+                self._run_step(run_id, step, lease, executor, report)
+                break  # reload: others have moved the run on meanwhile
+            if did:
+                idle_since = None
+                continue
+            now = time.monotonic()
+            idle_since = idle_since or now
+            if idle_timeout is not None and now - idle_since >= idle_timeout:
+                logger.info("run %s: worker %s idle for %.0fs; stopping", run_id, self.worker_id,
+                            now - idle_since)
+                break
+            time.sleep(self.poll_interval * (0.5 + self._rng.random()))
+        final = self.store.load_run(run_id)
+        report.run_status = final.status if final is not None else ""
+        return report
+
+    # ------------------------------------------------------------------------- internals
+
+    def _classify(self, run: AgentRun) -> tuple[list[Step], bool, list[Step]]:
+        """(steps that may start now, whether anything is left to run, steps blocked for good).
+
+        RUNNING steps are candidates too: their holder may be dead, which only acquiring
+        (observing the lease go stale) can tell. Steps waiting on a retry's not-before time or
+        on unfinished dependencies are left, not runnable.
+        """
+        steps = run.steps
+        failed = [sid for sid, s in steps.items()
+                  if s.status in (StepStatus.FAILED, StepStatus.SKIPPED)]
+        blocked = {sid for sid in downstream(steps, failed) if steps[sid].status not in _DONE}
+        now = time.time()
+        runnable: list[Step] = []
+        left = False
+        for sid, s in steps.items():
+            if s.status in _DONE or sid in blocked:
+                continue
+            left = True
+            if any(steps[d].status != StepStatus.COMPLETED for d in s.dependencies):
+                continue
+            nb = s.metadata.get(NOT_BEFORE)
+            if isinstance(nb, int | float) and nb > now:
+                continue
+            runnable.append(s)
+        # fresh PENDING steps first, in random order so that workers spread out
+        runnable.sort(key=lambda s: (s.status == StepStatus.RUNNING, self._rng.random()))
+        return runnable, left, [steps[sid] for sid in blocked]
+
+    def _run_step(self, run_id: str, step: Step, lease: Lease, executor: Executor,
+                  report: WorkReport) -> None:
+        key = (run_id, step.id)
+        hb = Heartbeat(self.leases, lease)
+        try:
+            with hb:
+                self._beats[key] = hb
+                if not self._claim(run_id, step, hb, report):
+                    return
+                self._steps[key] = step
+                self._agent._tool_states.pop(key, None)  # another worker may have logged calls
+                prior = self._agent._prior_calls(run_id, step)
+                token = _current_step.set(key)
+                try:
+                    out: Any = executor(step, prior)
+                    if inspect.isawaitable(out):
+                        out = _run_coroutine(out)
+                except LeaseLostError as exc:
+                    logger.warning("%s", exc)
+                    report.lost.append(step.id)
+                    return
+                except Exception as exc:
+                    self._failed(run_id, step, hb, exc, report)
+                    return
+                finally:
+                    _current_step.reset(token)
+                self._succeeded(run_id, step, hb, out, report)
+        finally:
+            self._beats.pop(key, None)
+            self._steps.pop(key, None)
+            self._agent._tool_states.pop(key, None)
+            self.leases.release(hb.lease)  # a CAS: a no-op if the lease is no longer ours
+
+    def _claim(self, run_id: str, step: Step, hb: Heartbeat, report: WorkReport) -> bool:
+        """Commit the RUNNING mark under the lease: fences off every older holder."""
+        if step.status == StepStatus.RUNNING:
+            logger.warning("run %s: worker %s takes over step %s (its holder went silent)", run_id,
+                           self.worker_id, step.id)
+        step.status = StepStatus.RUNNING
+        step.attempt_count += 1
+        step.started_at = time.time()
+        step.completed_at = None
+        step.metadata.pop(NOT_BEFORE, None)
+        return self._commit(run_id, step, hb, report)
+
+    def _commit(self, run_id: str, step: Step, hb: Heartbeat, report: WorkReport) -> bool:
+        try:
+            self.store.commit_step(run_id, step, hb.check())
+        except LeaseLostError as exc:
+            logger.warning("%s", exc)
+            report.lost.append(step.id)
+            return False
+        return True
+
+    def _succeeded(self, run_id: str, step: Step, hb: Heartbeat, out: Any,
+                   report: WorkReport) -> None:
+        result, tokens, cost = _unpack(out)
+        step.result = result
+        if tokens:
+            step.tokens += tokens
+        if cost:
+            step.cost_usd += cost
+        step.status = StepStatus.COMPLETED
+        step.completed_at = time.time()
+        step.error = None
+        if self._commit(run_id, step, hb, report):
+            report.completed.append(step.id)
+            logger.info("run %s: step %s completed by %s", run_id, step.id, self.worker_id)
+
+    def _failed(self, run_id: str, step: Step, hb: Heartbeat, exc: Exception,
+                report: WorkReport) -> None:
+        step.error = f"{type(exc).__name__}: {exc}"
+        if self.retry.is_retryable(exc) and step.attempt_count < self.retry.max_attempts:
+            delay = self.retry.delay(step.attempt_count, exc, self._rng)
+            step.status = StepStatus.PENDING
+            step.started_at = None
+            step.metadata[NOT_BEFORE] = time.time() + delay
+            if self._commit(run_id, step, hb, report):
+                report.retried.append(step.id)
+                logger.warning("run %s: step %s attempt %d failed (%s); any worker may retry it "
+                               "in %.2fs", run_id, step.id, step.attempt_count, step.error, delay)
+            return
+        step.status = StepStatus.FAILED
+        step.completed_at = time.time()
+        if self._commit(run_id, step, hb, report):
+            report.failed.append(step.id)
+            logger.warning("run %s: step %s failed for good after %d attempts: %s", run_id,
+                           step.id, step.attempt_count, step.error)
+
+    def _finish(self, run: AgentRun, blocked: list[Step]) -> None:
+        """Nothing is runnable or running: mark what can never run SKIPPED and the run finished.
+
+        Several workers may get here together; the commit of each is a no-op or a conflict
+        after the first, so the outcome is the same whoever wins.
+        """
+        if run.status in _FINISHED_RUN and not blocked:
+            return
+        for s in blocked:
+            s.status = StepStatus.SKIPPED
+            s.error = "skipped: a dependency failed"
+            s.metadata[SKIP_REASON] = "a dependency failed"
+            s.completed_at = time.time()
+        run.status = "completed" if run.failed_count == 0 else "completed_with_errors"
+        run.updated_at = time.time()
+        try:
+            self.store.commit(run, blocked)
+        except ConflictError:
+            logger.info("run %s: another worker finished the run first", run.run_id)
+            return
+        logger.info("run %s %s: %d/%d steps completed", run.run_id, run.status,
+                    run.completed_count, len(run.steps))
+
+    def _check(self, run_id: str, step_id: str) -> None:
+        hb = self._beats.get((run_id, step_id))
+        if hb is not None:
+            hb.check()
+
+
+def _run_coroutine(coro: Any) -> Any:
+    import asyncio
+
+    return asyncio.run(_await(coro))
+
+
+async def _await(coro: Any) -> Any:
+    return await coro
