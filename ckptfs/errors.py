@@ -6,9 +6,25 @@ Storage-level absence and exclusivity use the builtins (`FileNotFoundError`,
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class CkptfsError(Exception):
-    """Base of every ckptfs error, so callers can catch the family at once."""
+    """Base of every ckptfs error, so callers can catch the family at once.
+
+    Picklable whatever a subclass's constructor takes, so an error crosses a process boundary
+    (multiprocessing pools, a worker's result) intact instead of failing to unpickle.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuild, (type(self), self.args, self.__dict__)
+
+
+def _rebuild(cls: type[CkptfsError], args: tuple[Any, ...], state: dict[str, Any]) -> CkptfsError:
+    err = cls.__new__(cls)
+    err.args = args
+    err.__dict__.update(state)
+    return err
 
 
 class InvalidIdError(CkptfsError, ValueError):
@@ -46,6 +62,11 @@ class LeaseLostError(CkptfsError):
         self.run_id = run_id
         super().__init__(f"run {run_id!r}: lost the lease of step {step_id!r} "
                          f"(generation {generation}): {detail}")
+
+
+class StepCompletedError(LeaseLostError):
+    """The step finished (completed, failed for good, skipped) under another lease meanwhile:
+    its outcome stands; do not run it again."""
 
 
 class CorruptFileError(CkptfsError):

@@ -159,17 +159,20 @@ class LeaseManager:
 
     # ------------------------------------------------------------------------- acquire
 
-    def acquire(self, run_id: str, step_id: str) -> Lease | None:
+    def acquire(self, run_id: str, step_id: str, *, after: int = 0) -> Lease | None:
         """The step's lease if it is free, released or observed stale; None while another holds it.
 
         Never blocks: a contender calls again (a worker's scheduling loop does), and the call
-        that finds the same etag a full ttl after first seeing it takes the lease over.
+        that finds the same record a full ttl after first seeing it takes the lease over.
+        `after` is the generation the caller knows the step was committed under: the new
+        generation exceeds it even if the lease object is gone (deleted by hand, or a run
+        restored from a mirror, which carries no leases).
         """
         validate_id(run_id, "run id")
         validate_id(step_id, "step id")
         key = lease_key(run_id, step_id)
         for _ in range(3):  # a lease deleted between our create and our read: try again
-            rec, data = self._record(run_id, step_id, 1)
+            rec, data = self._record(run_id, step_id, after + 1)
             sent = self.clock()
             try:
                 etag = self.storage.put_if_absent(key, data)
@@ -183,27 +186,31 @@ class LeaseManager:
                 current, etag = self.storage.get_with_etag(key)
             except FileNotFoundError:
                 continue
-            return self._take_over(key, run_id, step_id, current, etag)
+            return self._take_over(key, run_id, step_id, current, etag, after)
         return None
 
     def _take_over(self, key: str, run_id: str, step_id: str, current: bytes,
-                   etag: str) -> Lease | None:
+                   etag: str, after: int) -> Lease | None:
         now = self.clock()
         old = self._parse(key, current)
         if old is not None and (old.run_id, old.step_id) != (run_id, step_id):
             old = None  # a record copied under another name is nobody's lease of this step
         ttl = old.ttl if old is not None else self.ttl
+        # What identifies the record we saw: its etag and its nonce. On a local disk the etag is
+        # made from stat fields, which a filesystem with coarse timestamps can repeat; the
+        # nonce is new in every write.
+        seen_as = f"{etag}|{old.nonce if old is not None else current.hex()[:64]}"
         with self._guard:
             seen = self._observed.get(key)
-            if seen is None or seen[0] != etag:
+            if seen is None or seen[0] != seen_as:
                 if len(self._observed) >= _MAX_OBSERVED:
                     self._observed.pop(next(iter(self._observed)))
-                self._observed[key] = (etag, now)
-                seen = (etag, now)
+                self._observed[key] = (seen_as, now)
+                seen = (seen_as, now)
         stale = now - seen[1] >= ttl
         if not (stale or (old is not None and old.released)):
             return None
-        generation = (old.generation if old is not None else 0) + 1
+        generation = max(old.generation if old is not None else 0, after) + 1
         rec, data = self._record(run_id, step_id, generation)
         sent = self.clock()
         try:
@@ -238,11 +245,23 @@ class LeaseManager:
         try:
             etag = self.storage.put_if_match(lease.key, data, lease.etag)
         except (PreconditionFailed, FileNotFoundError):
-            mine = self._mine(lease.key, rec)
-            if mine is None:
+            try:
+                current, etag = self.storage.get_with_etag(lease.key)
+            except FileNotFoundError:
                 raise LeaseLostError(lease.run_id, lease.step_id, lease.generation,
-                                     "another worker has taken it over") from None
-            etag = mine[0]
+                                     "its lease object is gone") from None
+            got = self._parse(lease.key, current)
+            if got is not None and got.nonce == rec.nonce:
+                return self._lease(rec, etag, sent)  # this very write landed; its reply was lost
+            if (got is not None and got.holder == self.holder and not got.released
+                    and got.generation == lease.generation):
+                # An earlier renewal of ours landed though its reply was lost (only this holder
+                # writes this generation). Adopt its etag, keep the old deadline: when that
+                # write was sent is not known, and trusting it from now would be unsafe.
+                return Lease(lease.run_id, lease.step_id, lease.holder, lease.generation,
+                             lease.ttl, etag, lease.deadline, got.renewals)
+            raise LeaseLostError(lease.run_id, lease.step_id, lease.generation,
+                                 "another worker has taken it over") from None
         return self._lease(rec, etag, sent)
 
     def release(self, lease: Lease) -> bool:

@@ -50,6 +50,7 @@ from ckptfs.errors import (
     CorruptFileError,
     InvalidIdError,
     LeaseLostError,
+    StepCompletedError,
     UnsupportedFormatError,
     VersionNotFoundError,
 )
@@ -308,6 +309,14 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+_FINISHED = (StepStatus.COMPLETED.value, StepStatus.FAILED.value, StepStatus.SKIPPED.value)
+
+
+def _backoff(attempt: int) -> None:
+    """Jittered exponential pause before rebasing a commit that lost a race (5 ms .. 0.5 s)."""
+    time.sleep(min(0.5, 0.005 * 2 ** attempt) * (0.5 + random.random()))
 
 
 def _writer_id() -> str:
@@ -628,12 +637,16 @@ class CheckpointStore:
         validate_id(run_id, "run id")
         return self._commit_steps(run_id, None, [step])
 
-    def commit_step(self, run_id: str, step: Step, lease: Lease, *, attempts: int = 10) -> int:
+    def commit_step(self, run_id: str, step: Step, lease: Lease, *, claim: bool = False,
+                    attempts: int = 10) -> int:
         """Commit one step under a lease: the write path of several workers sharing a run.
 
         Stamps `step.lease_generation` and refuses (LeaseLostError, nothing written) when the
-        stored step was committed under a newer generation, or was completed under another one
-        (its work is done: a successor must not redo it, a stale holder must not overwrite it).
+        stored step was committed under a newer generation, or finished (completed, failed for
+        good, skipped) under another one: StepCompletedError, its work is done; a successor must
+        not redo it, a stale holder must not overwrite it. A `claim` (the first commit under a
+        lease) must strictly raise the stored generation, so two holders of one generation (a
+        lease object deleted by hand) cannot both claim the step.
         The check is made against the exact version the commit extends: versions are created
         exclusively, so if another worker committed in between, the create fails, the head is
         reloaded and the check runs again. Only this step's fields are written, so the retry
@@ -650,12 +663,12 @@ class CheckpointStore:
                     raise KeyError(f"run {run_id!r} has no step {step.id!r}")
                 doc = json.loads(stored)
                 fence = int(doc.get("lease_generation", 0))
-                if fence > lease.generation:
+                if fence > lease.generation or (claim and fence == lease.generation):
                     raise LeaseLostError(run_id, step.id, lease.generation,
                                          f"generation {fence} has committed the step since")
-                if doc.get("status") == StepStatus.COMPLETED.value and fence != lease.generation:
-                    raise LeaseLostError(run_id, step.id, lease.generation,
-                                         f"the step was already completed (generation {fence})")
+                if doc.get("status") in _FINISHED and fence != lease.generation:
+                    raise StepCompletedError(run_id, step.id, lease.generation,
+                                             f"the step was already {doc['status']} (generation {fence})")
                 if step.lease_generation != lease.generation:
                     step.lease_generation = lease.generation
                 try:
@@ -663,8 +676,7 @@ class CheckpointStore:
                 except ConflictError:
                     if attempt == attempts - 1:
                         raise
-            # another worker committed first: back off a little, with jitter, and rebase
-            time.sleep(min(0.5, 0.005 * 2 ** attempt) * (0.5 + random.random()))
+            _backoff(attempt)  # another worker committed first: rebase after a little while
         raise AssertionError("unreachable")
 
     def _commit_steps(self, run_id: str, run: AgentRun | None, steps: Iterable[Step],
@@ -700,14 +712,27 @@ class CheckpointStore:
         """Append a tool call to the step's durable log (seed API); durable on return."""
         validate_id(run_id, "run id")
         validate_id(step_id, "step id")
-        with self._lock(run_id):
-            head = self._head(run_id)
-            if head.version == 0:
-                raise KeyError(f"run {run_id!r} has no saved state; save_run it first")
-            changes = Changes(tool_log={step_id: [self._tool_call_json(tool_call)]})
-            version = self._commit(run_id, changes, run=None, changed_steps=[])
-            head.tool_log.setdefault(step_id, []).append(tool_call.model_copy(deep=True))
-            return version
+        call_json = self._tool_call_json(tool_call)
+        attempts = 10
+        for attempt in range(attempts):
+            with self._lock(run_id):
+                head = self._head(run_id)
+                if head.version == 0:
+                    raise KeyError(f"run {run_id!r} has no saved state; save_run it first")
+                changes = Changes(tool_log={step_id: [call_json]})
+                try:
+                    version = self._commit(run_id, changes, run=None, changed_steps=[])
+                except ConflictError:
+                    # Another process committed first (workers sharing the run). An append
+                    # rebases safely, and this call was paid for: losing its record would pay
+                    # for it again on the retry of the step.
+                    if attempt == attempts - 1:
+                        raise
+                else:
+                    head.tool_log.setdefault(step_id, []).append(tool_call.model_copy(deep=True))
+                    return version
+            _backoff(attempt)
+        raise AssertionError("unreachable")
 
     def mark_run_complete(self, run_id: str, status: str = "completed") -> int:
         """Set the run's status (seed API: also used for 'paused')."""

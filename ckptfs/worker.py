@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptfs.agent import CheckpointedAgent, Executor, StepResult, _current_step, _unpack
-from ckptfs.errors import ConflictError, LeaseLostError
+from ckptfs.errors import ConflictError, LeaseLostError, StepCompletedError
 from ckptfs.leases import DEFAULT_TTL, Heartbeat, Lease, LeaseManager
 from ckptfs.models import AgentRun, Step, StepStatus
 from ckptfs.policy import RetryPolicy
@@ -63,12 +63,14 @@ class WorkReport:
     failed: list[str] = field(default_factory=list)
     retried: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)  # steps whose lease was taken from us
+    done_elsewhere: list[str] = field(default_factory=list)  # completed by another as we claimed
     run_status: str = ""
 
     @property
     def taken(self) -> int:
         """Step attempts this worker took on, however they ended."""
-        return len(self.completed) + len(self.failed) + len(self.retried) + len(self.lost)
+        return (len(self.completed) + len(self.failed) + len(self.retried) + len(self.lost)
+                + len(self.done_elsewhere))
 
 
 class _LeasedAgent(CheckpointedAgent):
@@ -146,11 +148,20 @@ class Worker:
                 break
             did = False
             for step in runnable:
-                lease = self.leases.acquire(run_id, step.id)
+                lease = self.leases.acquire(run_id, step.id, after=step.lease_generation)
                 if lease is None:
                     continue
                 did = True
-                self._run_step(run_id, step, lease, executor, report)
+                # What we loaded may be stale: another worker may have finished an attempt and
+                # released the lease just before we took it. Now that the step is ours, nobody
+                # else changes it: look again before acting on it.
+                fresh = self.store.load_run(run_id)
+                current = fresh.steps.get(step.id) if fresh is not None else None
+                if (fresh is None or current is None
+                        or step.id not in {s.id for s in self._classify(fresh)[0]}):
+                    self.leases.release(lease)
+                    break
+                self._run_step(run_id, current, lease, executor, report)
                 break  # reload: others have moved the run on meanwhile
             if did:
                 idle_since = None
@@ -239,16 +250,30 @@ class Worker:
         step.started_at = time.time()
         step.completed_at = None
         step.metadata.pop(NOT_BEFORE, None)
-        return self._commit(run_id, step, hb, report)
+        return self._commit(run_id, step, hb, report, claim=True)
 
-    def _commit(self, run_id: str, step: Step, hb: Heartbeat, report: WorkReport) -> bool:
-        try:
-            self.store.commit_step(run_id, step, hb.check())
-        except LeaseLostError as exc:
-            logger.warning("%s", exc)
-            report.lost.append(step.id)
-            return False
-        return True
+    def _commit(self, run_id: str, step: Step, hb: Heartbeat, report: WorkReport,
+                claim: bool = False) -> bool:
+        """Commit under the lease, rebasing while it is trusted; False if it is not (or the step
+        finished elsewhere). Gives up with ConflictError only after minutes of lost races."""
+        for rounds in range(1, 1_000_000):
+            try:
+                self.store.commit_step(run_id, step, hb.check(), claim=claim)
+            except StepCompletedError as exc:
+                logger.info("%s", exc)  # a normal race: we saw the step ready just before
+                report.done_elsewhere.append(step.id)
+                return False
+            except LeaseLostError as exc:
+                logger.warning("%s", exc)
+                report.lost.append(step.id)
+                return False
+            except ConflictError as exc:  # many commits at once: commit_step's retries ran out
+                if rounds >= 60:
+                    raise
+                logger.info("run %s: step %s: %s; trying again", run_id, step.id, exc)
+                continue
+            return True
+        raise AssertionError("unreachable")
 
     def _succeeded(self, run_id: str, step: Step, hb: Heartbeat, out: Any,
                    report: WorkReport) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
-from ckptfs.errors import ConfigError, LeaseLostError
+from ckptfs.errors import ConfigError, LeaseLostError, StepCompletedError
 from ckptfs.layout import lease_key
 from ckptfs.leases import SAFETY, Heartbeat, LeaseManager
 from ckptfs.storage import Storage, open_storage
@@ -292,3 +292,75 @@ def test_a_completed_step_is_not_redone_by_a_successor(tmp_path: Path) -> None:
     assert (got.steps["s1"].result, got.steps["s2"].result) == ("a finished first", "two")
     with pytest.raises(ValueError, match="lease is for"):
         wb.commit_step("r1", step2, lb)
+
+
+def test_errors_cross_a_process_boundary_intact() -> None:
+    import pickle
+
+    from ckptfs.errors import CheckpointCorruptError, ConflictError, CorruptFileError, StepCompletedError
+
+    for err in (ConflictError("r1", 7, "reload"), CorruptFileError("k", "bad crc"),
+                CheckpointCorruptError("r1", ["a", "b"]), LeaseLostError("r1", "s1", 3, "taken"),
+                StepCompletedError("r1", "s1", 2, "done")):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err) and back.__dict__ == err.__dict__
+
+
+def test_a_lost_lease_object_never_gives_two_holders_one_generation(tmp_path: Path) -> None:
+    url = str(tmp_path / "s")
+    _run(url, {})
+    clock = Clock()
+    wa, wb = CheckpointStore(url), CheckpointStore(url)
+    a = LeaseManager(wa.storage, "a", ttl=60, clock=clock)
+    b = LeaseManager(wb.storage, "b", ttl=60, clock=clock)
+    la = a.acquire("r1", "s1")
+    assert la is not None
+    step_a = wa.load_run("r1").steps["s1"]  # type: ignore[union-attr]
+    step_a.status = StepStatus.RUNNING
+    wa.commit_step("r1", step_a, la, claim=True)
+    wa.storage.delete(lease_key("r1", "s1"))  # by hand, or a bucket lifecycle rule
+    step_b = wb.load_run("r1").steps["s1"]  # type: ignore[union-attr]
+    blind = b.acquire("r1", "s1")  # not told what the step was committed under: generation 1 again
+    assert blind is not None and blind.generation == 1
+    with pytest.raises(LeaseLostError, match="generation 1 has committed"):
+        wb.commit_step("r1", step_b, blind, claim=True)  # a claim must raise the fence
+    wb.storage.delete(lease_key("r1", "s1"))
+    lb = b.acquire("r1", "s1", after=step_b.lease_generation)  # what a worker does
+    assert lb is not None and lb.generation == 2
+    wb.commit_step("r1", step_b, lb, claim=True)
+    step_a.status, step_a.result = StepStatus.COMPLETED, "a"
+    with pytest.raises(LeaseLostError):
+        wa.commit_step("r1", step_a, la)
+    wa.close()
+    wb.close()
+
+
+def test_a_new_generation_exceeds_what_the_step_was_committed_under(storage: Storage) -> None:
+    clock = Clock()
+    m = LeaseManager(storage, "m", ttl=60, clock=clock)
+    first = m.acquire("r1", "s1")
+    assert first is not None and m.release(first)
+    # the lease object says 1, the step was committed under 4 (a restore, a lost object): 5
+    got = m.acquire("r1", "s1", after=4)
+    assert got is not None and got.generation == 5
+    assert m.acquire("r1", "s9", after=7).generation == 8  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("outcome", [StepStatus.COMPLETED, StepStatus.FAILED, StepStatus.SKIPPED])
+def test_a_finished_step_stands_against_any_other_generation(tmp_path: Path, outcome: StepStatus) -> None:
+    url = str(tmp_path / "s")
+    _run(url, {})
+    m = LeaseManager(open_storage(url), "m", ttl=60, clock=Clock())
+    with CheckpointStore(url) as st:
+        la = m.acquire("r1", "s1")
+        assert la is not None
+        step = st.load_run("r1").steps["s1"]  # type: ignore[union-attr]
+        step.status, step.result, step.error = outcome, "done", "x"
+        st.commit_step("r1", step, la, claim=True)
+        m.release(la)
+        lb = m.acquire("r1", "s1", after=step.lease_generation)
+        assert lb is not None and lb.generation == 2
+        step.status = StepStatus.RUNNING
+        with pytest.raises(StepCompletedError, match=f"already {outcome.value}"):
+            st.commit_step("r1", step, lb, claim=True)
+        assert st.load_run("r1").steps["s1"].status == outcome  # type: ignore[union-attr]
