@@ -465,8 +465,12 @@ class CheckpointStore:
 
     def _commit(self, run_id: str, changes: Changes, *, run: AgentRun | None,
                 changed_steps: list[Step], removed: Iterable[str] = (),
-                run_info: dict[str, Any] | None = None) -> int:
-        """Write one journal record with `changes`; the only place versions are created."""
+                run_info: dict[str, Any] | None = None, rebase: bool = False) -> int:
+        """Write one journal record with `changes`; the only place versions are created.
+
+        On a lost race the head is dropped (the next call reloads the run), unless the caller
+        will `rebase`: catch the head up with the records that won and try again.
+        """
         head = self._heads[run_id]
         new_status = {s.id: s.status.value for s in changed_steps}
         new_deps = {s.id: tuple(s.dependencies) for s in changed_steps}
@@ -501,7 +505,8 @@ class CheckpointStore:
         try:
             self.storage.put_if_absent(key, data)
         except FileExistsError:
-            self._forget(run_id)
+            if not rebase:
+                self._forget(run_id)
             raise ConflictError(run_id, version, "reload the run to continue from the newest "
                                 "version") from None
         base_ok = (base_check.result() if base_check is not None
@@ -548,6 +553,124 @@ class CheckpointStore:
     def _forget(self, run_id: str) -> None:
         self._heads.pop(run_id, None)
         self._compactor.submit("forget", run_id)
+
+    # ------------------------------------------------------- catching up (several writers)
+
+    def refresh(self, run_id: str) -> AgentRun | None:
+        """The run at its newest version, reading only what others committed since this store
+        last saw it: one LIST and a GET per new record, where `load_run` reads a snapshot and
+        its chain. Workers sharing a run call it before every decision. Whenever the shortcut
+        cannot be sure (a gap, a damaged record, a branch) it is a plain `load_run`."""
+        validate_id(run_id, "run id")
+        with self._lock(run_id):
+            head = self._heads.get(run_id)
+            if head is not None and head.version and head.run_json is not None and not head.branching:
+                if self._catch_up(run_id, head) is not None:
+                    try:
+                        return self._run_from_head(head)
+                    except (ValidationError, ValueError) as exc:
+                        logger.warning("run %s: cached state does not validate (%s); reloading",
+                                       run_id, exc)
+                self._forget(run_id)
+            return self.load_run(run_id)
+
+    def _rebase(self, run_id: str) -> None:
+        """After a lost race: bring the head up to the records that won, or drop it to reload."""
+        head = self._heads.get(run_id)
+        if head is not None and (head.branching or not self._catch_up(run_id, head)):
+            self._forget(run_id)
+
+    def _catch_up(self, run_id: str, head: _Head) -> int | None:
+        """Apply the journal records committed after the head; how many, or None if unsure."""
+        try:
+            keys = self.storage.list(f"{run_prefix(run_id)}log/",
+                                     start_after=log_key(run_id, head.version))
+        except FileNotFoundError:
+            return None
+        applied = 0
+        for key in keys:
+            rf = parse_run_key(key)
+            if rf is None or rf.kind != "log":
+                continue  # a temp file beside the records
+            if rf.version != head.version + 1:
+                return None
+            try:
+                rec = self._decode(key, self.storage.get(key), run_id, rf)
+                if rec.header.base != head.version or rec.header.base_hash != head.hash:
+                    return None
+                self._apply_record(run_id, head, rec)
+            except (FileNotFoundError, ValidationError, CorruptFileError, ValueError, TypeError,
+                    AttributeError, KeyError, IndexError) as exc:
+                logger.info("run %s: cannot catch up at %s (%s); reloading", run_id, key, exc)
+                return None
+            applied += 1
+        return applied
+
+    def _apply_record(self, run_id: str, head: _Head, rec: codec.Record) -> None:
+        """Fold another writer's journal record into the head and the compactor's replica.
+
+        Everything is parsed and validated before the head changes, so a bad record leaves
+        the head as it was.
+        """
+        body, h = rec.body, rec.header
+        if not isinstance(body, dict):
+            raise ValueError("record body is not an object")
+        changes = Changes()
+        run_json = None
+        if body.get("run") is not None:
+            changes.run = codec.dumps(body["run"])
+            run_json = AgentRun.model_validate({**body["run"], "steps": {}}).model_dump_json(
+                exclude={"steps"}).encode()
+        steps: dict[str, Step] = {}
+        for sid, doc in body.get("steps", {}).items():
+            changes.steps[sid] = codec.dumps(doc)
+            doc = dict(doc)
+            refs = doc.pop(REFS_FIELD, None)
+            if refs:
+                self._resolve_refs(doc, refs)
+            steps[sid] = Step.model_validate(doc)
+        removed = [str(sid) for sid in body.get("removed", [])]
+        for sid in removed:
+            changes.steps[sid] = None
+        calls: dict[str, list[ToolCall]] = {}
+        for sid, docs in body.get("tool_log", {}).items():
+            changes.tool_log[sid] = [codec.dumps(c) for c in docs]
+            out = []
+            for c in docs:
+                c = dict(c)
+                refs = c.pop(REFS_FIELD, None)
+                if refs:
+                    self._resolve_refs(c, refs)
+                out.append(ToolCall.model_validate(c))
+            calls[sid] = out
+        new_status = {sid: st.status.value for sid, st in steps.items()}
+        head.counts = head.counts_after(new_status, removed)
+        for sid, st in steps.items():
+            head.steps_cmp[sid] = st.model_dump_json().encode()
+            head.deps[sid] = tuple(st.dependencies)
+            head.status[sid] = new_status[sid]
+        for sid in removed:
+            head.steps_cmp.pop(sid, None)
+            head.deps.pop(sid, None)
+            head.status.pop(sid, None)
+        for sid, out in calls.items():
+            head.tool_log.setdefault(sid, []).extend(out)
+        if run_json is not None:
+            head.run_json = run_json
+        info: dict[str, Any] = {k: h.summary[k] for k in ("goal", "status", "updated_at")
+                                if k in h.summary}
+        if info:
+            head.run_info = info
+        entry = _Entry(0, head.version, head.hash, h.version, h.hash, changes, rec.stored_size)
+        head.version, head.hash = h.version, h.hash
+        head.next_version = max(head.next_version, h.version + 1)
+        self._compactor.submit("commit", (run_id, entry))
+
+    @staticmethod
+    def _run_from_head(head: _Head) -> AgentRun:
+        assert head.run_json is not None
+        steps = {sid: json.loads(mj) for sid, mj in head.steps_cmp.items()}
+        return AgentRun.model_validate({**json.loads(head.run_json), "steps": steps})
 
     def _check_graph(self, run_id: str, head: _Head, changed: list[Step],
                      new_deps: dict[str, tuple[str, ...]], removed: set[str]) -> None:
@@ -672,15 +795,16 @@ class CheckpointStore:
                 if step.lease_generation != lease.generation:
                     step.lease_generation = lease.generation
                 try:
-                    return self._commit_steps(run_id, None, [step])
+                    return self._commit_steps(run_id, None, [step], rebase=True)
                 except ConflictError:
+                    self._rebase(run_id)
                     if attempt == attempts - 1:
                         raise
             _backoff(attempt)  # another worker committed first: rebase after a little while
         raise AssertionError("unreachable")
 
     def _commit_steps(self, run_id: str, run: AgentRun | None, steps: Iterable[Step],
-                      full: bool = False) -> int:
+                      full: bool = False, rebase: bool = False) -> int:
         """Diff `steps` (and the run-level fields, with a run) against the head and commit.
 
         With `full`, steps missing from `run` are recorded as removed. On any failure the
@@ -703,7 +827,7 @@ class CheckpointStore:
                     changes.steps[sid] = None
                     undo.setdefault(sid, head.steps_cmp.pop(sid, None))
                 return self._commit(run_id, changes, run=run, changed_steps=changed,
-                                    removed=removed)
+                                    removed=removed, rebase=rebase)
             except BaseException:
                 self._rollback(head, undo)
                 raise
@@ -721,8 +845,9 @@ class CheckpointStore:
                     raise KeyError(f"run {run_id!r} has no saved state; save_run it first")
                 changes = Changes(tool_log={step_id: [call_json]})
                 try:
-                    version = self._commit(run_id, changes, run=None, changed_steps=[])
+                    version = self._commit(run_id, changes, run=None, changed_steps=[], rebase=True)
                 except ConflictError:
+                    self._rebase(run_id)
                     # Another process committed first (workers sharing the run). An append
                     # rebases safely, and this call was paid for: losing its record would pay
                     # for it again on the retry of the step.

@@ -133,7 +133,7 @@ class Worker:
         report = WorkReport(run_id, self.worker_id)
         idle_since: float | None = None
         while max_steps is None or report.taken < max_steps:
-            run = self.store.load_run(run_id)
+            run = self.store.refresh(run_id)
             if run is None:
                 raise KeyError(f"run {run_id!r} has no saved state; start it first")
             if run.status == "superseded":
@@ -155,7 +155,7 @@ class Worker:
                 # What we loaded may be stale: another worker may have finished an attempt and
                 # released the lease just before we took it. Now that the step is ours, nobody
                 # else changes it: look again before acting on it.
-                fresh = self.store.load_run(run_id)
+                fresh = self.store.refresh(run_id)
                 current = fresh.steps.get(step.id) if fresh is not None else None
                 if (fresh is None or current is None
                         or step.id not in {s.id for s in self._classify(fresh)[0]}):
