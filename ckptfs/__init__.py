@@ -20,11 +20,14 @@ from ckptfs.errors import (
     CorruptFileError,
     DecodeLimitError,
     InvalidIdError,
+    LeaseLostError,
+    StepCompletedError,
     StorageUnavailableError,
     UnsupportedFormatError,
     VersionNotFoundError,
 )
 from ckptfs.integrity import Finding, Report, verify
+from ckptfs.leases import Lease, LeaseManager
 from ckptfs.mirror import MirrorJob, MirrorReport, RestoreReport, mirror, restore, restore_points
 from ckptfs.models import AgentRun, ArtifactRef, Step, StepStatus, ToolCall
 from ckptfs.policy import CheckpointPolicy, RetryPolicy
@@ -34,6 +37,7 @@ from ckptfs.retry import RetryingStorage
 from ckptfs.storage import Capabilities, Storage, open_storage
 from ckptfs.store import CheckpointStore, CompactionPolicy, RetentionResult
 from ckptfs.tools import Done, IdempotentToolRunner, UnconfirmedActionError, cache_key
+from ckptfs.worker import Worker, WorkReport
 
 __version__ = "0.1.0"
 
@@ -65,6 +69,9 @@ __all__ = [
     "Finding",
     "IdempotentToolRunner",
     "InvalidIdError",
+    "Lease",
+    "LeaseLostError",
+    "LeaseManager",
     "MirrorJob",
     "MirrorReport",
     "ProgressEvent",
@@ -79,6 +86,7 @@ __all__ = [
     "RunStoppedError",
     "Settings",
     "Step",
+    "StepCompletedError",
     "StepResult",
     "StepStatus",
     "Storage",
@@ -87,6 +95,8 @@ __all__ = [
     "UnconfirmedActionError",
     "UnsupportedFormatError",
     "VersionNotFoundError",
+    "WorkReport",
+    "Worker",
     "__version__",
     "cache_key",
     "load_settings",

@@ -303,7 +303,7 @@ class CheckpointedAgent:
 
     def record_tool_call(self, run_id: str, step_id: str, tool_call: ToolCall) -> None:
         """Log a tool call durably, for audit and for the idempotency cache (seed API)."""
-        self.store.log_tool_call(run_id, step_id, tool_call)
+        self._write_tool_call(run_id, step_id, tool_call)
         state = self._tool_states.get((run_id, step_id))
         if state is not None:
             state.add(tool_call)
@@ -717,6 +717,10 @@ class CheckpointedAgent:
                 state.add(call)
             self._tool_states[key] = state
         return state
+
+    def _write_tool_call(self, run_id: str, step_id: str, tool_call: ToolCall) -> None:
+        """The durable write of a tool call (a Worker's agent claims its step with it)."""
+        self.store.log_tool_call(run_id, step_id, tool_call)
 
     def _tool_log_start(self, run_id: str, step_id: str) -> int:
         """Where the step's current attempt starts in its tool log (a reset fences off the rest)."""

@@ -27,6 +27,7 @@ A lease object is small JSON, readable with `cat`; it is not a checkpoint file: 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -83,6 +84,7 @@ class Lease:
     etag: str
     deadline: float  # on the manager's clock: trust the lease only before this
     renewals: int = 0
+    created: bool = False  # no lease object existed: no worker ever held this step
 
     @property
     def key(self) -> str:
@@ -179,9 +181,9 @@ class LeaseManager:
             except FileExistsError:
                 mine = self._mine(key, rec)
                 if mine is not None:  # our create landed; its reply was lost
-                    return self._won(key, mine[1], mine[0], sent)
+                    return self._won(key, mine[1], mine[0], sent, created=True)
             else:
-                return self._won(key, rec, etag, sent)
+                return self._won(key, rec, etag, sent, created=True)
             try:
                 current, etag = self.storage.get_with_etag(key)
             except FileNotFoundError:
@@ -225,11 +227,13 @@ class LeaseManager:
                            old.generation, old.holder, now - seen[1])
         return self._won(key, rec, new_etag, sent)
 
-    def _won(self, key: str, rec: LeaseRecord, etag: str, sent: float) -> Lease:
+    def _won(self, key: str, rec: LeaseRecord, etag: str, sent: float,
+             created: bool = False) -> Lease:
         with self._guard:
             self._observed.pop(key, None)
         logger.debug("lease %s: acquired generation %d as %s", key, rec.generation, self.holder)
-        return self._lease(rec, etag, sent)
+        lease = self._lease(rec, etag, sent)
+        return dataclasses.replace(lease, created=True) if created else lease
 
     # -------------------------------------------------------------------- renew/release
 

@@ -761,7 +761,7 @@ class CheckpointStore:
         return self._commit_steps(run_id, None, [step])
 
     def commit_step(self, run_id: str, step: Step, lease: Lease, *, claim: bool = False,
-                    attempts: int = 10) -> int:
+                    tool_call: ToolCall | None = None, attempts: int = 10) -> int:
         """Commit one step under a lease: the write path of several workers sharing a run.
 
         Stamps `step.lease_generation` and refuses (LeaseLostError, nothing written) when the
@@ -769,7 +769,8 @@ class CheckpointStore:
         good, skipped) under another one: StepCompletedError, its work is done; a successor must
         not redo it, a stale holder must not overwrite it. A `claim` (the first commit under a
         lease) must strictly raise the stored generation, so two holders of one generation (a
-        lease object deleted by hand) cannot both claim the step.
+        lease object deleted by hand) cannot both claim the step. A `tool_call` goes to the
+        step's log in the same record (a worker's claim rides on its first paid call).
         The check is made against the exact version the commit extends: versions are created
         exclusively, so if another worker committed in between, the create fails, the head is
         reloaded and the check runs again. Only this step's fields are written, so the retry
@@ -795,7 +796,8 @@ class CheckpointStore:
                 if step.lease_generation != lease.generation:
                     step.lease_generation = lease.generation
                 try:
-                    return self._commit_steps(run_id, None, [step], rebase=True)
+                    return self._commit_steps(run_id, None, [step], rebase=True,
+                                              tool_calls=[tool_call] if tool_call else None)
                 except ConflictError:
                     self._rebase(run_id)
                     if attempt == attempts - 1:
@@ -804,7 +806,8 @@ class CheckpointStore:
         raise AssertionError("unreachable")
 
     def _commit_steps(self, run_id: str, run: AgentRun | None, steps: Iterable[Step],
-                      full: bool = False, rebase: bool = False) -> int:
+                      full: bool = False, rebase: bool = False,
+                      tool_calls: list[ToolCall] | None = None) -> int:
         """Diff `steps` (and the run-level fields, with a run) against the head and commit.
 
         With `full`, steps missing from `run` are recorded as removed. On any failure the
@@ -822,22 +825,34 @@ class CheckpointStore:
             removed = [sid for sid in head.steps_cmp if sid not in run.steps] if full and run else []
             undo: dict[str, bytes | None] = {}
             try:
+                steps = list(steps)
                 changed = self._step_changes(head, steps, changes, undo)
                 for sid in removed:
                     changes.steps[sid] = None
                     undo.setdefault(sid, head.steps_cmp.pop(sid, None))
-                return self._commit(run_id, changes, run=run, changed_steps=changed,
-                                    removed=removed, rebase=rebase)
+                if tool_calls:  # one step's calls (commit_step)
+                    changes.tool_log[steps[0].id] = [self._tool_call_json(c) for c in tool_calls]
+                version = self._commit(run_id, changes, run=run, changed_steps=changed,
+                                       removed=removed, rebase=rebase)
+                if tool_calls:
+                    head.tool_log.setdefault(steps[0].id, []).extend(
+                        c.model_copy(deep=True) for c in tool_calls)
+                return version
             except BaseException:
                 self._rollback(head, undo)
                 raise
 
-    def log_tool_call(self, run_id: str, step_id: str, tool_call: ToolCall) -> int:
-        """Append a tool call to the step's durable log (seed API); durable on return."""
+    def log_tool_call(self, run_id: str, step_id: str, tool_call: ToolCall, *,
+                      attempts: int = 60) -> int:
+        """Append a tool call to the step's durable log (seed API); durable on return.
+
+        Against other writers of the run it rebases and tries again, `attempts` times (about
+        half a minute of lost races): the call was paid for, and a record given up on would
+        be paid for again.
+        """
         validate_id(run_id, "run id")
         validate_id(step_id, "step id")
         call_json = self._tool_call_json(tool_call)
-        attempts = 10
         for attempt in range(attempts):
             with self._lock(run_id):
                 head = self._head(run_id)

@@ -244,5 +244,5 @@ class IdempotentToolRunner:
         self.agent.record_tool_call(self.run_id, self.step_id, call)
 
     async def _alog(self, call: ToolCall) -> None:
-        await self.agent._io(self.agent.store.log_tool_call, self.run_id, self.step_id, call)
+        await self.agent._io(self.agent._write_tool_call, self.run_id, self.step_id, call)
         self.agent._tool_state(self.run_id, self.step_id).add(call)

@@ -38,7 +38,7 @@ from typing import Any
 from ckptfs.agent import CheckpointedAgent, Executor, StepResult, _current_step, _unpack
 from ckptfs.errors import ConflictError, LeaseLostError, StepCompletedError
 from ckptfs.leases import DEFAULT_TTL, Heartbeat, Lease, LeaseManager
-from ckptfs.models import AgentRun, Step, StepStatus
+from ckptfs.models import AgentRun, Step, StepStatus, ToolCall
 from ckptfs.policy import RetryPolicy
 from ckptfs.resume import SKIP_REASON, TOOL_LOG_START, downstream
 from ckptfs.store import CheckpointStore
@@ -80,6 +80,9 @@ class _LeasedAgent(CheckpointedAgent):
         super().__init__(store)
         self._worker = worker
 
+    def _write_tool_call(self, run_id: str, step_id: str, tool_call: ToolCall) -> None:
+        self._worker._log_call(run_id, step_id, tool_call)
+
     def _tool_checkpoint(self, run_id: str, step_id: str, when: str, force: bool) -> None:
         if when == "start":
             self._worker._check(run_id, step_id)
@@ -98,17 +101,26 @@ class Worker:
     `lease_ttl` is how long this worker may be silent before others take its step over; the
     heartbeat renews every ttl/4. `poll_interval` is the wait when every ready step is leased
     by others. `clock` is monotonic seconds (tests pass a fake one).
+
+    An attempt's claim (RUNNING, the attempt count and the lease's generation, which fences off
+    older holders) is committed with the step's first durable write: its first tool call, or
+    its outcome. One commit fewer per step; a successor still finds every paid call. With
+    `durable_attempts=True` the claim is committed before the executor starts, so a step that
+    kills its process every time is counted (and `RetryPolicy.max_attempts` ends the loop).
     """
 
     def __init__(self, store: CheckpointStore, *, worker_id: str | None = None,
                  lease_ttl: float = DEFAULT_TTL, retry: RetryPolicy | None = None,
-                 poll_interval: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 poll_interval: float = 1.0, durable_attempts: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
         self.leases = LeaseManager(store.storage, worker_id, ttl=lease_ttl, clock=clock)
         self.worker_id = self.leases.holder
         self.retry = retry or RetryPolicy()
         self.poll_interval = poll_interval
+        self.durable_attempts = durable_attempts
         self._agent = _LeasedAgent(store, self)
+        self._claimed: set[tuple[str, str]] = set()
         self._beats: dict[tuple[str, str], Heartbeat] = {}
         self._steps: dict[tuple[str, str], Step] = {}
         self._rng = random.Random()
@@ -152,6 +164,9 @@ class Worker:
                 if lease is None:
                     continue
                 did = True
+                if lease.created:  # no worker ever held this step: what we loaded is its state
+                    self._run_step(run_id, step, lease, executor, report)
+                    break
                 # What we loaded may be stale: another worker may have finished an attempt and
                 # released the lease just before we took it. Now that the step is ours, nobody
                 # else changes it: look again before acting on it.
@@ -214,9 +229,9 @@ class Worker:
         try:
             with hb:
                 self._beats[key] = hb
+                self._steps[key] = step
                 if not self._claim(run_id, step, hb, report):
                     return
-                self._steps[key] = step
                 self._agent._tool_states.pop(key, None)  # another worker may have logged calls
                 prior = self._agent._prior_calls(run_id, step)
                 token = _current_step.set(key)
@@ -237,11 +252,12 @@ class Worker:
         finally:
             self._beats.pop(key, None)
             self._steps.pop(key, None)
+            self._claimed.discard(key)
             self._agent._tool_states.pop(key, None)
             self.leases.release(hb.lease)  # a CAS: a no-op if the lease is no longer ours
 
     def _claim(self, run_id: str, step: Step, hb: Heartbeat, report: WorkReport) -> bool:
-        """Commit the RUNNING mark under the lease: fences off every older holder."""
+        """Mark the attempt; committed now only with `durable_attempts` (see the class)."""
         if step.status == StepStatus.RUNNING:
             logger.warning("run %s: worker %s takes over step %s (its holder went silent)", run_id,
                            self.worker_id, step.id)
@@ -250,30 +266,48 @@ class Worker:
         step.started_at = time.time()
         step.completed_at = None
         step.metadata.pop(NOT_BEFORE, None)
-        return self._commit(run_id, step, hb, report, claim=True)
+        return self._commit(run_id, step, hb, report) if self.durable_attempts else True
 
-    def _commit(self, run_id: str, step: Step, hb: Heartbeat, report: WorkReport,
-                claim: bool = False) -> bool:
-        """Commit under the lease, rebasing while it is trusted; False if it is not (or the step
-        finished elsewhere). Gives up with ConflictError only after minutes of lost races."""
+    def _log_call(self, run_id: str, step_id: str, call: ToolCall) -> None:
+        """A tool call's durable record, under the lease (and carrying the claim, if not yet
+        made). LeaseLostError goes up through the executor: the step is no longer ours."""
+        key = (run_id, step_id)
+        step, hb = self._steps.get(key), self._beats.get(key)
+        if step is None or hb is None:
+            self.store.log_tool_call(run_id, step_id, call)
+            return
+        self._commit_with_retries(run_id, step, hb, call)
+
+    def _commit_with_retries(self, run_id: str, step: Step, hb: Heartbeat,
+                             call: ToolCall | None = None) -> None:
+        key = (run_id, step.id)
         for rounds in range(1, 1_000_000):
             try:
-                self.store.commit_step(run_id, step, hb.check(), claim=claim)
-            except StepCompletedError as exc:
-                logger.info("%s", exc)  # a normal race: we saw the step ready just before
-                report.done_elsewhere.append(step.id)
-                return False
-            except LeaseLostError as exc:
-                logger.warning("%s", exc)
-                report.lost.append(step.id)
-                return False
+                self.store.commit_step(run_id, step, hb.check(), claim=key not in self._claimed,
+                                       tool_call=call)
             except ConflictError as exc:  # many commits at once: commit_step's retries ran out
                 if rounds >= 60:
                     raise
                 logger.info("run %s: step %s: %s; trying again", run_id, step.id, exc)
                 continue
-            return True
+            self._claimed.add(key)
+            return
         raise AssertionError("unreachable")
+
+    def _commit(self, run_id: str, step: Step, hb: Heartbeat, report: WorkReport) -> bool:
+        """Commit under the lease, rebasing while it is trusted; False if it is not (or the step
+        finished elsewhere). Gives up with ConflictError only after minutes of lost races."""
+        try:
+            self._commit_with_retries(run_id, step, hb)
+        except StepCompletedError as exc:
+                logger.info("%s", exc)  # a normal race: we saw the step ready just before
+                report.done_elsewhere.append(step.id)
+                return False
+        except LeaseLostError as exc:
+            logger.warning("%s", exc)
+            report.lost.append(step.id)
+            return False
+        return True
 
     def _succeeded(self, run_id: str, step: Step, hb: Heartbeat, out: Any,
                    report: WorkReport) -> None:

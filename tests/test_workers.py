@@ -227,3 +227,33 @@ def test_no_paid_call_once_the_lease_is_no_longer_trusted(tmp_path: Path) -> Non
     run = store.load_run("shared")
     assert run is not None and run.steps[calls[0]].status == StepStatus.RUNNING  # for a successor
     store.close()
+
+
+@pytest.mark.parametrize("durable", [False, True])
+def test_the_claim_rides_on_the_first_durable_write_unless_attempts_must_be_durable(
+        tmp_path: Path, durable: bool) -> None:
+    url = str(tmp_path / "s")
+    _start(url, {})
+    store = CheckpointStore(url)
+    worker = Worker(store, worker_id="w", lease_ttl=30, durable_attempts=durable)
+    seen: list[tuple[str, int, int]] = []
+    before = len(store.list_versions("shared"))
+
+    def executor(step: Step, prior: list[ToolCall]) -> str:
+        stored = CheckpointStore(url).load_run("shared").steps[step.id]  # type: ignore[union-attr]
+        seen.append((stored.status.value, stored.attempt_count, stored.lease_generation))
+        worker.tools().run("llm", {"s": step.id}, lambda **_: "paid")
+        return "ok"
+
+    report = worker.work("shared", executor, max_steps=1, idle_timeout=0)
+    assert len(report.completed) == 1
+    if durable:  # RUNNING, attempt 1, fenced, before the executor ran; then call, outcome
+        assert seen == [("running", 1, 1)]
+        assert len(store.list_versions("shared")) - before == 3
+    else:  # nothing written before the first call; the claim went with the call's record
+        assert seen == [("pending", 0, 0)]
+        assert len(store.list_versions("shared")) - before == 2
+    done = store.load_run("shared").steps[report.completed[0]]  # type: ignore[union-attr]
+    assert (done.attempt_count, done.lease_generation) == (1, 1)
+    assert [c.result for c in store.get_tool_call_history("shared", done.id)] == ["paid"]
+    store.close()
