@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench clean venv langgraph-demo
+.PHONY: demo test lint typecheck bench clean venv langgraph-demo workers-demo
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (set PY=python3 to override)"; exit 2; }
@@ -33,9 +33,13 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/verify_throughput.py
 	$(BIN)/python benchmarks/mirror_restore.py
 	$(BIN)/python benchmarks/langgraph_put.py
+	$(BIN)/python benchmarks/workers.py
 
 langgraph-demo: $(STAMP)
 	$(BIN)/python examples/langgraph_agent.py
+
+workers-demo: $(STAMP)
+	$(BIN)/python examples/workers.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

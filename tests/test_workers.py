@@ -257,3 +257,12 @@ def test_the_claim_rides_on_the_first_durable_write_unless_attempts_must_be_dura
     assert (done.attempt_count, done.lease_generation) == (1, 1)
     assert [c.result for c in store.get_tool_call_history("shared", done.id)] == ["paid"]
     store.close()
+
+
+def test_the_workers_example_holds_its_claims() -> None:
+    """examples/workers.py: three worker processes on the embedded S3 server, one SIGKILLed."""
+    proc = subprocess.run([sys.executable, str(Path(ROOT) / "examples" / "workers.py"), "--papers", "30",
+                           "--latency", "0.1"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[FAILED]" not in proc.stdout and proc.stdout.count("[ok]") == 5
+    assert "taken over (lease generation 2" in proc.stdout
