@@ -35,7 +35,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -89,6 +89,29 @@ class Lease:
     @property
     def key(self) -> str:
         return lease_key(self.run_id, self.step_id)
+
+
+def read_leases(storage: Storage, run_id: str,
+                step_ids: Iterable[str] | None = None) -> dict[str, LeaseRecord]:
+    """The stored leases of a run (of `step_ids` only, if given), for people and reports:
+    one LIST, then a GET per lease object wanted. Unreadable objects are left out."""
+    wanted = None if step_ids is None else set(step_ids)
+    prefix = lease_key(run_id, "x").rsplit("/", 1)[0] + "/"
+    out: dict[str, LeaseRecord] = {}
+    for key in storage.list(prefix):
+        name = key.rsplit("/", 1)[-1]
+        if not name.endswith(".lease"):
+            continue
+        sid = name[: -len(".lease")]
+        if wanted is not None and sid not in wanted:
+            continue
+        try:
+            rec = LeaseManager._parse(key, storage.get(key))
+        except FileNotFoundError:
+            continue
+        if rec is not None:
+            out[sid] = rec
+    return out
 
 
 def default_holder() -> str:

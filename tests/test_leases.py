@@ -4,6 +4,7 @@ CAS takeover with a rising generation, and the store's fence that rejects a stal
 from __future__ import annotations
 
 import json
+import re
 import threading
 import uuid
 from pathlib import Path
@@ -364,3 +365,23 @@ def test_a_finished_step_stands_against_any_other_generation(tmp_path: Path, out
         with pytest.raises(StepCompletedError, match=f"already {outcome.value}"):
             st.commit_step("r1", step, lb, claim=True)
         assert st.load_run("r1").steps["s1"].status == outcome  # type: ignore[union-attr]
+
+
+def test_show_names_who_holds_the_open_steps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from ckptfs.cli import main
+
+    url = str(tmp_path / "s")
+    _run(url, {})
+    m = LeaseManager(open_storage(url), "host-a:4242:beef", ttl=30)
+    held = m.acquire("r1", "s1")
+    assert held is not None
+    done = m.acquire("r1", "s2")
+    assert done is not None and m.release(done)
+    assert main(["show", url, "r1", "--json"]) == 0
+    steps = {s["id"]: s for s in json.loads(capsys.readouterr().out)["steps"]}
+    assert steps["s1"]["lease"]["holder"] == "host-a:4242:beef"
+    assert steps["s1"]["lease"]["generation"] == 1 and steps["s1"]["lease"]["ttl_s"] == 30
+    assert steps["s2"]["lease"] is None  # released: nobody holds it
+    assert main(["show", url, "r1"]) == 0
+    flat = re.sub(r"[\s│┃]+", "", capsys.readouterr().out)  # the table folds long cells
+    assert "leasedbyhost-a:4242:beef(generation1" in flat

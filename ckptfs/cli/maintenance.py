@@ -20,6 +20,7 @@ from ckptfs.cli._options import add_storage_args, storage_options_from_args
 from ckptfs.errors import CheckpointCorruptError
 from ckptfs.integrity import Report, list_keys, verify
 from ckptfs.layout import RUNS
+from ckptfs.leases import read_leases
 from ckptfs.models import validate_id
 from ckptfs.prune import DEFAULT_ARTIFACT_GRACE, parse_duration, prune
 from ckptfs.storage import open_storage
@@ -203,11 +204,20 @@ def cmd_show(args: argparse.Namespace) -> int:
     if run is None:
         raise CliError(f"run {args.run_id!r} not found in {store.url}")
     version = store.last_load.version if store.last_load else None
+    # who holds the steps still to do, when several workers share the run (leases.py)
+    open_steps = [s.id for s in run.steps.values() if s.status.value in ("pending", "running")]
+    leases = read_leases(store.storage, run.run_id, open_steps) if open_steps else {}
+    now = time.time()
     steps: list[dict[str, Any]] = []
     for s in run.steps.values():
+        lease = leases.get(s.id)
+        held = None if lease is None or lease.released else {
+            "holder": lease.holder, "generation": lease.generation, "ttl_s": lease.ttl,
+            "written_s_ago": round(now - lease.time, 1)}
         steps.append({"id": s.id, "title": s.title, "status": s.status.value, "attempts": s.attempt_count,
                       "duration_s": s.duration_seconds, "dependencies": s.dependencies,
-                      "result": s.result, "error": s.error, "tool_calls": len(s.tool_calls)})
+                      "result": s.result, "error": s.error, "tool_calls": len(s.tool_calls),
+                      "lease": held})
     if args.json:
         emit_json({"url": store.url, "run_id": run.run_id, "goal": run.goal, "status": run.status,
                    "version": version, "created_at": run.created_at, "updated_at": run.updated_at,
@@ -222,6 +232,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     for row in steps:
         dur = "-" if row["duration_s"] is None else f"{row['duration_s']:.1f}s"
         summary = row["error"] if row["status"] == "failed" and row["error"] else (row["result"] or "")
+        held = row["lease"]
+        if held is not None:  # the holder's own clock dates the write: a hint, not a verdict
+            summary = (f"leased by {held['holder']} (generation {held['generation']}, written "
+                       f"{held['written_s_ago']:.0f}s ago, ttl {held['ttl_s']:.0f}s)")
         table.add_row(row["id"], row["title"], row["status"], str(row["attempts"]), dur,
                       str(summary).replace("\n", " ")[:80])
     console.print(table)
