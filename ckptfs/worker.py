@@ -27,6 +27,7 @@ and whatever depends on it is SKIPPED when the run is finished.
 
 from __future__ import annotations
 
+import concurrent.futures
 import inspect
 import logging
 import random
@@ -121,6 +122,8 @@ class Worker:
         self.durable_attempts = durable_attempts
         self._agent = _LeasedAgent(store, self)
         self._claimed: set[tuple[str, str]] = set()
+        self._releases: list[concurrent.futures.Future[bool]] = []
+        self._release_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._beats: dict[tuple[str, str], Heartbeat] = {}
         self._steps: dict[tuple[str, str], Step] = {}
         self._rng = random.Random()
@@ -144,50 +147,53 @@ class Worker:
         """
         report = WorkReport(run_id, self.worker_id)
         idle_since: float | None = None
-        while max_steps is None or report.taken < max_steps:
-            run = self.store.refresh(run_id)
-            if run is None:
-                raise KeyError(f"run {run_id!r} has no saved state; start it first")
-            if run.status == "superseded":
-                raise ValueError(f"run {run_id!r} was superseded by "
-                                 f"{run.metadata.get('superseded_by')!r}; work on that one")
-            if run.status == "paused":
-                logger.info("run %s is paused; worker %s stops", run_id, self.worker_id)
-                break
-            runnable, left, blocked = self._classify(run)
-            if not left:
-                self._finish(run, blocked)
-                break
-            did = False
-            for step in runnable:
-                lease = self.leases.acquire(run_id, step.id, after=step.lease_generation)
-                if lease is None:
+        try:
+            while max_steps is None or report.taken < max_steps:
+                run = self.store.refresh(run_id)
+                if run is None:
+                    raise KeyError(f"run {run_id!r} has no saved state; start it first")
+                if run.status == "superseded":
+                    raise ValueError(f"run {run_id!r} was superseded by "
+                                     f"{run.metadata.get('superseded_by')!r}; work on that one")
+                if run.status == "paused":
+                    logger.info("run %s is paused; worker %s stops", run_id, self.worker_id)
+                    break
+                runnable, left, blocked = self._classify(run)
+                if not left:
+                    self._finish(run, blocked)
+                    break
+                did = False
+                for step in runnable:
+                    lease = self.leases.acquire(run_id, step.id, after=step.lease_generation)
+                    if lease is None:
+                        continue
+                    did = True
+                    if lease.created:  # no worker ever held this step: what we loaded is its state
+                        self._run_step(run_id, step, lease, executor, report)
+                        break
+                    # What we loaded may be stale: another worker may have finished an attempt and
+                    # released the lease just before we took it. Now that the step is ours, nobody
+                    # else changes it: look again before acting on it.
+                    fresh = self.store.refresh(run_id)
+                    current = fresh.steps.get(step.id) if fresh is not None else None
+                    if (fresh is None or current is None
+                            or step.id not in {s.id for s in self._classify(fresh)[0]}):
+                        self.leases.release(lease)
+                        break
+                    self._run_step(run_id, current, lease, executor, report)
+                    break  # reload: others have moved the run on meanwhile
+                if did:
+                    idle_since = None
                     continue
-                did = True
-                if lease.created:  # no worker ever held this step: what we loaded is its state
-                    self._run_step(run_id, step, lease, executor, report)
+                now = time.monotonic()
+                idle_since = idle_since or now
+                if idle_timeout is not None and now - idle_since >= idle_timeout:
+                    logger.info("run %s: worker %s idle for %.0fs; stopping", run_id, self.worker_id,
+                                now - idle_since)
                     break
-                # What we loaded may be stale: another worker may have finished an attempt and
-                # released the lease just before we took it. Now that the step is ours, nobody
-                # else changes it: look again before acting on it.
-                fresh = self.store.refresh(run_id)
-                current = fresh.steps.get(step.id) if fresh is not None else None
-                if (fresh is None or current is None
-                        or step.id not in {s.id for s in self._classify(fresh)[0]}):
-                    self.leases.release(lease)
-                    break
-                self._run_step(run_id, current, lease, executor, report)
-                break  # reload: others have moved the run on meanwhile
-            if did:
-                idle_since = None
-                continue
-            now = time.monotonic()
-            idle_since = idle_since or now
-            if idle_timeout is not None and now - idle_since >= idle_timeout:
-                logger.info("run %s: worker %s idle for %.0fs; stopping", run_id, self.worker_id,
-                            now - idle_since)
-                break
-            time.sleep(self.poll_interval * (0.5 + self._rng.random()))
+                time.sleep(self.poll_interval * (0.5 + self._rng.random()))
+        finally:
+            self._drain_releases()
         final = self.store.load_run(run_id)
         report.run_status = final.status if final is not None else ""
         return report
@@ -254,7 +260,9 @@ class Worker:
             self._steps.pop(key, None)
             self._claimed.discard(key)
             self._agent._tool_states.pop(key, None)
-            self.leases.release(hb.lease)  # a CAS: a no-op if the lease is no longer ours
+            # A CAS, a no-op if the lease is no longer ours. Off the critical path: the next
+            # step need not wait for it, and until it lands others only see the step held.
+            self._release_later(hb.lease)
 
     def _claim(self, run_id: str, step: Step, hb: Heartbeat, report: WorkReport) -> bool:
         """Mark the attempt; committed now only with `durable_attempts` (see the class)."""
@@ -366,6 +374,26 @@ class Worker:
             return
         logger.info("run %s %s: %d/%d steps completed", run.run_id, run.status,
                     run.completed_count, len(run.steps))
+
+    def _release_later(self, lease: Lease) -> None:
+        if self._release_pool is None:
+            self._release_pool = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="ckptfs-lease-release")
+        self._releases = [f for f in self._releases if not f.done()]
+        self._releases.append(self._release_pool.submit(self.leases.release, lease))
+
+    def _drain_releases(self) -> None:
+        """Wait for the releases in flight; one that failed only leaves a lease to expire."""
+        for fut in self._releases:
+            try:
+                fut.result(timeout=60)
+            except Exception as exc:
+                logger.warning("worker %s: a lease release failed (%s); it will expire",
+                               self.worker_id, exc)
+        self._releases = []
+        if self._release_pool is not None:
+            self._release_pool.shutdown(wait=True)
+            self._release_pool = None
 
     def _check(self, run_id: str, step_id: str) -> None:
         hb = self._beats.get((run_id, step_id))
