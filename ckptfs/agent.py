@@ -200,6 +200,23 @@ def _unpack(out: Any) -> tuple[str, int, float]:
     return str(out), 0, 0.0
 
 
+def complete_step(step: Step, out: Any) -> None:
+    """Record an executor's output on its step (the agent's and a Worker's one meaning of done).
+
+    Assignments are validated (Step has validate_assignment), so no-op ones are skipped.
+    """
+    result, tokens, cost = _unpack(out)
+    step.result = result
+    if tokens:
+        step.tokens += tokens
+    if cost:
+        step.cost_usd += cost
+    step.status = StepStatus.COMPLETED
+    step.completed_at = time.time()
+    if step.error is not None:
+        step.error = None
+
+
 class CheckpointedAgent:
     """An agent that checkpoints its step graph as it goes and resumes from any saved state.
 
@@ -527,16 +544,7 @@ class CheckpointedAgent:
 
     def _after_success(self, ex: _Execution, step: Step, out: Any, tokens0: int,
                        cost0: float) -> list[Step] | None:
-        result, tokens, cost = _unpack(out)
-        step.result = result
-        if tokens:
-            step.tokens += tokens
-        if cost:
-            step.cost_usd += cost
-        step.status = StepStatus.COMPLETED
-        step.completed_at = time.time()
-        if step.error is not None:
-            step.error = None
+        complete_step(step, out)
         self._account(ex, step, tokens0, cost0)
         self._end_attempt(ex, step)
         ex.completed += 1

@@ -272,23 +272,17 @@ class LeaseManager:
         try:
             etag = self.storage.put_if_match(lease.key, data, lease.etag)
         except (PreconditionFailed, FileNotFoundError):
-            try:
-                current, etag = self.storage.get_with_etag(lease.key)
-            except FileNotFoundError:
+            found = self._still_ours(lease, rec)
+            if found is None:
                 raise LeaseLostError(lease.run_id, lease.step_id, lease.generation,
-                                     "its lease object is gone") from None
-            got = self._parse(lease.key, current)
-            if got is not None and got.nonce == rec.nonce:
-                return self._lease(rec, etag, sent)  # this very write landed; its reply was lost
-            if (got is not None and got.holder == self.holder and not got.released
-                    and got.generation == lease.generation):
-                # An earlier renewal of ours landed though its reply was lost (only this holder
-                # writes this generation). Adopt its etag, keep the old deadline: when that
-                # write was sent is not known, and trusting it from now would be unsafe.
+                                     "another worker has taken it over") from None
+            etag, got = found
+            if got.nonce != rec.nonce:
+                # An earlier write of ours landed though its reply was lost. Adopt its etag,
+                # keep the old deadline: when that write was sent is not known, and trusting
+                # it from now would be unsafe.
                 return Lease(lease.run_id, lease.step_id, lease.holder, lease.generation,
                              lease.ttl, etag, lease.deadline, got.renewals)
-            raise LeaseLostError(lease.run_id, lease.step_id, lease.generation,
-                                 "another worker has taken it over") from None
         return self._lease(rec, etag, sent)
 
     def release(self, lease: Lease) -> bool:
@@ -299,13 +293,40 @@ class LeaseManager:
         """
         rec, data = self._record(lease.run_id, lease.step_id, lease.generation, released=True,
                                  renewals=lease.renewals + 1)
+        etag = lease.etag
+        for _ in range(3):
+            try:
+                self.storage.put_if_match(lease.key, data, etag)
+                return True
+            except (PreconditionFailed, FileNotFoundError):
+                found = self._still_ours(lease, rec)
+                if found is None:
+                    logger.info("lease %s: already taken over; nothing to release", lease.key)
+                    return False
+                etag, got = found
+                if got.nonce == rec.nonce:
+                    return True  # this release landed; its reply was lost
+                # a renewal of ours landed after `lease` was taken: release that one
+        return False
+
+    def _still_ours(self, lease: Lease, rec: LeaseRecord) -> tuple[str, LeaseRecord] | None:
+        """After a refused CAS: (etag, stored record) if the stored record is ours, else None.
+
+        Ours is the record we just sent (its nonce), or any unreleased record of this holder
+        and generation: only the holder of a generation writes it, so that is an earlier write
+        of ours whose reply was lost, or a renewal newer than the `lease` object in hand.
+        """
         try:
-            self.storage.put_if_match(lease.key, data, lease.etag)
-        except (PreconditionFailed, FileNotFoundError):
-            if self._mine(lease.key, rec) is None:
-                logger.info("lease %s: already taken over; nothing to release", lease.key)
-                return False
-        return True
+            current, etag = self.storage.get_with_etag(lease.key)
+        except FileNotFoundError:
+            return None
+        got = self._parse(lease.key, current)
+        if got is None:
+            return None
+        if got.nonce == rec.nonce or (got.holder == self.holder and not got.released
+                                      and got.generation == lease.generation):
+            return etag, got
+        return None
 
     def valid(self, lease: Lease) -> bool:
         """Whether the holder may still act on `lease` without renewing it first."""

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfs.agent import CheckpointedAgent, Executor, StepResult, _current_step, _unpack
+from ckptfs.agent import CheckpointedAgent, Executor, StepResult, _current_step, complete_step
 from ckptfs.errors import ConflictError, LeaseLostError, StepCompletedError
 from ckptfs.leases import DEFAULT_TTL, Heartbeat, Lease, LeaseManager
 from ckptfs.models import AgentRun, Step, StepStatus, ToolCall
@@ -319,15 +319,7 @@ class Worker:
 
     def _succeeded(self, run_id: str, step: Step, hb: Heartbeat, out: Any,
                    report: WorkReport) -> None:
-        result, tokens, cost = _unpack(out)
-        step.result = result
-        if tokens:
-            step.tokens += tokens
-        if cost:
-            step.cost_usd += cost
-        step.status = StepStatus.COMPLETED
-        step.completed_at = time.time()
-        step.error = None
+        complete_step(step, out)
         if self._commit(run_id, step, hb, report):
             report.completed.append(step.id)
             logger.info("run %s: step %s completed by %s", run_id, step.id, self.worker_id)

@@ -16,7 +16,8 @@ from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
 from ckptfs.errors import ConfigError, LeaseLostError, StepCompletedError
 from ckptfs.layout import lease_key
 from ckptfs.leases import SAFETY, Heartbeat, LeaseManager
-from ckptfs.storage import Storage, open_storage
+from ckptfs.storage import PreconditionFailed, Storage, open_storage
+from tests._forwarding import Forwarding
 
 
 class Clock:
@@ -117,55 +118,26 @@ def test_an_unreadable_lease_is_held_until_stale_then_replaced(storage: Storage)
     assert json.loads(storage.get(lease_key("r1", "s1")))["holder"] == "m"
 
 
-class _LostReply(Storage):
-    """Forwards to a real storage, but the first conditional write 'loses its reply' after landing."""
+class _LostReply(Forwarding):
+    """The first conditional write of each kind 'loses its reply' after landing."""
 
     def __init__(self, inner: Storage) -> None:
-        self.inner, self.capabilities = inner, inner.capabilities  # type: ignore[misc]
-        self.display_url = inner.display_url
+        super().__init__(inner)
         self.lose = {"put_if_absent", "put_if_match"}
 
-    def _maybe_lose(self, name: str, result: str) -> str:
-        if name in self.lose:
-            self.lose.discard(name)
-            raise FileExistsError("x") if name == "put_if_absent" else ConnectionError("reply lost")
-        return result
-
-    def put(self, key: str, data: bytes) -> str:
-        return self.inner.put(key, data)
-
     def put_if_absent(self, key: str, data: bytes) -> str:
-        return self._maybe_lose("put_if_absent", self.inner.put_if_absent(key, data))
+        etag = self.inner.put_if_absent(key, data)
+        if "put_if_absent" in self.lose:
+            self.lose.discard("put_if_absent")
+            raise FileExistsError("the retry of a landed create sees the object")
+        return etag
 
     def put_if_match(self, key: str, data: bytes, etag: str) -> str:
-        from ckptfs.storage import PreconditionFailed
-
         etag = self.inner.put_if_match(key, data, etag)
         if "put_if_match" in self.lose:
             self.lose.discard("put_if_match")
             raise PreconditionFailed("the retry of a landed write sees the new etag")
         return etag
-
-    def get_with_etag(self, key: str) -> tuple[bytes, str]:
-        return self.inner.get_with_etag(key)
-
-    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
-        return self.inner.list(prefix, start_after)
-
-    def list_dirs(self, prefix: str) -> list[str]:
-        return self.inner.list_dirs(prefix)
-
-    def delete(self, key: str) -> None:
-        self.inner.delete(key)
-
-    def size(self, key: str) -> int:
-        return self.inner.size(key)
-
-    def put_stream(self, key: str, src: Any, exclusive: bool = False) -> None:
-        self.inner.put_stream(key, src, exclusive)
-
-    def open_read(self, key: str) -> Any:
-        return self.inner.open_read(key)
 
 
 def test_a_write_whose_reply_was_lost_is_recognised_as_ours(storage: Storage) -> None:
@@ -385,3 +357,15 @@ def test_show_names_who_holds_the_open_steps(tmp_path: Path, capsys: pytest.Capt
     assert main(["show", url, "r1"]) == 0
     flat = re.sub(r"[\s│┃]+", "", capsys.readouterr().out)  # the table folds long cells
     assert "leasedbyhost-a:4242:beef(generation1" in flat
+
+
+def test_release_with_an_older_lease_object_of_ours_still_releases(storage: Storage) -> None:
+    clock = Clock()
+    m = LeaseManager(storage, "m", ttl=60, clock=clock)
+    first = m.acquire("r1", "s1")
+    assert first is not None
+    m.renew(first)  # a heartbeat renewed it after `first` was handed out
+    assert m.release(first) is True
+    assert json.loads(storage.get(lease_key("r1", "s1")))["released"] is True
+    other = LeaseManager(storage, "other", ttl=60, clock=clock)
+    assert other.acquire("r1", "s1") is not None  # at once: it was really released

@@ -21,6 +21,7 @@ from ckptfs.leases import Heartbeat, LeaseManager
 from ckptfs.policy import RetryPolicy
 from ckptfs.storage import Storage, open_storage
 from ckptfs.worker import NOT_BEFORE, Worker
+from tests._forwarding import Forwarding
 
 
 def _save(url: str, *ids: str) -> None:
@@ -140,12 +141,11 @@ def test_a_worker_outlasts_more_than_ten_conflicting_commits(tmp_path: Path) -> 
     assert run is not None and run.steps[report.completed[0]].status == StepStatus.COMPLETED
 
 
-class _ReplyLostOnce(Storage):
-    """The second CAS (a heartbeat renewal) lands, but its reply is lost: ConnectionError."""
+class _ReplyLostOnce(Forwarding):
+    """The first CAS (a heartbeat renewal) lands, but its reply is lost: ConnectionError."""
 
     def __init__(self, inner: Storage) -> None:
-        self.inner, self.capabilities = inner, inner.capabilities  # type: ignore[misc]
-        self.display_url = inner.display_url
+        super().__init__(inner)
         self.cas = 0
 
     def put_if_match(self, key: str, data: bytes, etag: str) -> str:
@@ -154,33 +154,6 @@ class _ReplyLostOnce(Storage):
         if self.cas == 1:
             raise StorageUnavailableError("timed out reading the response")
         return out
-
-    def put(self, key: str, data: bytes) -> str:
-        return self.inner.put(key, data)
-
-    def put_if_absent(self, key: str, data: bytes) -> str:
-        return self.inner.put_if_absent(key, data)
-
-    def get_with_etag(self, key: str) -> tuple[bytes, str]:
-        return self.inner.get_with_etag(key)
-
-    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
-        return self.inner.list(prefix, start_after)
-
-    def list_dirs(self, prefix: str) -> list[str]:
-        return self.inner.list_dirs(prefix)
-
-    def delete(self, key: str) -> None:
-        self.inner.delete(key)
-
-    def size(self, key: str) -> int:
-        return self.inner.size(key)
-
-    def open_read(self, key: str) -> Any:
-        return self.inner.open_read(key)
-
-    def put_stream(self, key: str, src: Any, exclusive: bool = False) -> None:
-        self.inner.put_stream(key, src, exclusive)
 
 
 def test_a_renewal_whose_reply_was_lost_does_not_lose_the_lease(tmp_path: Path) -> None:
