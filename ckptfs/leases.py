@@ -328,6 +328,11 @@ class LeaseManager:
             return etag, got
         return None
 
+    def seen_held(self, run_id: str, step_id: str) -> bool:
+        """Whether this manager last found the step's lease held by another (and is timing it)."""
+        with self._guard:
+            return lease_key(run_id, step_id) in self._observed
+
     def valid(self, lease: Lease) -> bool:
         """Whether the holder may still act on `lease` without renewing it first."""
         return self.clock() < lease.deadline

@@ -135,6 +135,7 @@ class _Head:
     tool_log: dict[str, list[ToolCall]] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=lambda: {"total": 0, "completed": 0, "failed": 0})
     branching: bool = False  # loaded after a fallback: the next commit starts a new branch
+    shared: bool = False  # others have committed to this run: catch up before committing
 
     def counts_after(self, new_status: Mapping[str, str], removed: Iterable[str]) -> dict[str, int]:
         """Step counts once the change lands, computed from the change alone (O(change))."""
@@ -587,15 +588,23 @@ class CheckpointStore:
                                      start_after=log_key(run_id, head.version))
         except FileNotFoundError:
             return None
+        files = [rf for k in keys if (rf := parse_run_key(k)) is not None and rf.kind == "log"]
+        if not files:
+            return 0
+        if files[0].version != head.version + 1 or files[-1].version != head.version + len(files):
+            return None  # a gap: retention or a branch; a full load sorts it out
+        fetched: Iterator[bytes | BaseException]
+        if self.storage.capabilities.remote and len(files) > 1:  # round trips overlap
+            fetched = self._io_pool().map(self._get_or_error, [rf.key for rf in files])
+        else:
+            fetched = (self._get_or_error(rf.key) for rf in files)
         applied = 0
-        for key in keys:
-            rf = parse_run_key(key)
-            if rf is None or rf.kind != "log":
-                continue  # a temp file beside the records
-            if rf.version != head.version + 1:
-                return None
+        for rf, data in zip(files, fetched, strict=True):
+            key = rf.key
             try:
-                rec = self._decode(key, self.storage.get(key), run_id, rf)
+                if isinstance(data, BaseException):
+                    raise data
+                rec = self._decode(key, data, run_id, rf)
                 if rec.header.base != head.version or rec.header.base_hash != head.hash:
                     return None
                 self._apply_record(run_id, head, rec)
@@ -604,7 +613,24 @@ class CheckpointStore:
                 logger.info("run %s: cannot catch up at %s (%s); reloading", run_id, key, exc)
                 return None
             applied += 1
+        if applied:
+            head.shared = True
         return applied
+
+    def _get_or_error(self, key: str) -> bytes | BaseException:
+        try:
+            return self.storage.get(key)
+        except FileNotFoundError as exc:
+            return exc
+
+    def _head_for_shared_commit(self, run_id: str) -> _Head:
+        """The head, first caught up if others commit to this run too: one LIST instead of a
+        commit that fails on a version someone took meanwhile, then the same catching up."""
+        head = self._head(run_id)
+        if head.shared and not head.branching and self._catch_up(run_id, head) is None:
+            self._forget(run_id)
+            head = self._head(run_id)
+        return head
 
     def _apply_record(self, run_id: str, head: _Head, rec: codec.Record) -> None:
         """Fold another writer's journal record into the head and the compactor's replica.
@@ -781,7 +807,7 @@ class CheckpointStore:
                              f"not {run_id}/{step.id}")
         for attempt in range(attempts):
             with self._lock(run_id):
-                head = self._head(run_id)
+                head = self._head_for_shared_commit(run_id)
                 stored = head.steps_cmp.get(step.id)
                 if stored is None:
                     raise KeyError(f"run {run_id!r} has no step {step.id!r}")
@@ -855,7 +881,7 @@ class CheckpointStore:
         call_json = self._tool_call_json(tool_call)
         for attempt in range(attempts):
             with self._lock(run_id):
-                head = self._head(run_id)
+                head = self._head_for_shared_commit(run_id)
                 if head.version == 0:
                     raise KeyError(f"run {run_id!r} has no saved state; save_run it first")
                 changes = Changes(tool_log={step_id: [call_json]})

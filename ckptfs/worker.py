@@ -224,8 +224,11 @@ class Worker:
             if isinstance(nb, int | float) and nb > now:
                 continue
             runnable.append(s)
-        # fresh PENDING steps first, in random order so that workers spread out
-        runnable.sort(key=lambda s: (s.status == StepStatus.RUNNING, self._rng.random()))
+        # Steps nobody was seen holding first, in random order so that workers spread out; then
+        # those held by others (a claim is lazy: a held step may still look PENDING), whose
+        # leases are looked at again to see them go stale.
+        runnable.sort(key=lambda s: (s.status == StepStatus.RUNNING,
+                                     self.leases.seen_held(run.run_id, s.id), self._rng.random()))
         return runnable, left, [steps[sid] for sid in blocked]
 
     def _run_step(self, run_id: str, step: Step, lease: Lease, executor: Executor,

@@ -144,3 +144,33 @@ def test_refresh_of_a_head_older_than_retention_kept_reloads(tmp_path: Path) -> 
     got = b.refresh("r")
     assert got is not None and got.completed_count == 40
     assert got.model_dump() == CheckpointStore(u).load_run("r").model_dump()  # type: ignore[union-attr]
+
+
+def test_a_writer_that_has_seen_others_catches_up_before_committing(tmp_path: Path) -> None:
+    u = str(tmp_path / "s")
+    CheckpointStore(u).save_run(_run(8))
+    a, b = CheckpointStore(u), CheckpointStore(u)
+    la, lb = LeaseManager(a.storage, "a"), LeaseManager(b.storage, "b")
+    failed: list[str] = []
+    real = b.storage.put_if_absent
+
+    def put_if_absent(key: str, data: bytes) -> str:
+        try:
+            return real(key, data)
+        except FileExistsError:
+            failed.append(key)
+            raise
+
+    b.storage.put_if_absent = put_if_absent  # type: ignore[method-assign]
+    views = {st: st.load_run("r") for st in (a, b)}
+    for i in range(8):  # alternate, each from the view it loaded at the start
+        st, lm = (a, la) if i % 2 == 0 else (b, lb)
+        step = views[st].steps[f"s{i}"]  # type: ignore[union-attr]
+        step.status, step.result = StepStatus.COMPLETED, f"r{i}"
+        lease = lm.acquire("r", step.id)
+        assert lease is not None
+        st.commit_step("r", step, lease, claim=True)
+    # b lost the race once, learnt that the run is shared, and from then on caught up first
+    assert len([k for k in failed if "/log/" in k]) == 1
+    got = CheckpointStore(u).load_run("r")
+    assert got is not None and got.completed_count == 8
