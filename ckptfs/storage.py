@@ -372,14 +372,20 @@ class LocalStorage(Storage):
             os.fdatasync(f.fileno())
 
     def put(self, key: str, data: bytes) -> str:
-        path = self._path(key)
-        self._commit(self._write_temp(path, lambda f: self._write_all(f, data)), path, exclusive=False)
-        return self._etag(os.stat(path))
+        return self._put(key, data, exclusive=False)
 
     def put_if_absent(self, key: str, data: bytes) -> str:
+        return self._put(key, data, exclusive=True)
+
+    def _put(self, key: str, data: bytes, exclusive: bool) -> str:
         path = self._path(key)
-        self._commit(self._write_temp(path, lambda f: self._write_all(f, data)), path, exclusive=True)
-        return self._etag(os.stat(path))
+        tmp = self._write_temp(path, lambda f: self._write_all(f, data))
+        # The etag of what we wrote, taken before it is published: a rename keeps the inode
+        # and times, and once published another process may already have replaced or deleted
+        # it (retention of a shared run), which must not fail a write that succeeded.
+        etag = self._etag(os.stat(tmp))
+        self._commit(tmp, path, exclusive=exclusive)
+        return etag
 
     def put_if_match(self, key: str, data: bytes, etag: str) -> str:
         import fcntl

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import dataclasses
 import gc
 import json
@@ -583,16 +584,20 @@ class CheckpointStore:
 
     def _catch_up(self, run_id: str, head: _Head) -> int | None:
         """Apply the journal records committed after the head; how many, or None if unsure."""
+        # Listed from the head's own record on: finding nothing after it means nothing new only
+        # if that record is still there. Retention (keep_last=1 at the newest version) can
+        # have removed every record, newer ones included, once a snapshot holds them.
         try:
             keys = self.storage.list(f"{run_prefix(run_id)}log/",
-                                     start_after=log_key(run_id, head.version))
+                                     start_after=log_key(run_id, head.version - 1))
         except FileNotFoundError:
             return None
         files = [rf for k in keys if (rf := parse_run_key(k)) is not None and rf.kind == "log"]
-        if not files:
-            return 0
-        if files[0].version != head.version + 1 or files[-1].version != head.version + len(files):
-            return None  # a gap: retention or a branch; a full load sorts it out
+        if not files or files[0].version != head.version:
+            return None  # the head's record is gone: a full load sorts it out
+        files = files[1:]
+        if files and files[-1].version != head.version + len(files):
+            return None  # a gap: retention or a branch
         fetched: Iterator[bytes | BaseException]
         if self.storage.capabilities.remote and len(files) > 1:  # round trips overlap
             fetched = self._io_pool().map(self._get_or_error, [rf.key for rf in files])
@@ -798,37 +803,48 @@ class CheckpointStore:
         lease object deleted by hand) cannot both claim the step. A `tool_call` goes to the
         step's log in the same record (a worker's claim rides on its first paid call).
         The check is made against the exact version the commit extends: versions are created
-        exclusively, so if another worker committed in between, the create fails, the head is
-        reloaded and the check runs again. Only this step's fields are written, so the retry
+        exclusively, so if another worker committed in between, the create fails, the head
+        catches up and the check runs again. Only this step's fields are written, so the retry
         merges with whatever the others committed meanwhile.
         """
         if (lease.run_id, lease.step_id) != (run_id, step.id):
             raise ValueError(f"commit_step: lease is for {lease.run_id}/{lease.step_id}, "
                              f"not {run_id}/{step.id}")
+
+        def write(head: _Head) -> int:
+            stored = head.steps_cmp.get(step.id)
+            if stored is None:
+                raise KeyError(f"run {run_id!r} has no step {step.id!r}")
+            doc = json.loads(stored)
+            fence = int(doc.get("lease_generation", 0))
+            if fence > lease.generation or (claim and fence == lease.generation):
+                raise LeaseLostError(run_id, step.id, lease.generation,
+                                     f"generation {fence} has committed the step since")
+            if doc.get("status") in _FINISHED and fence != lease.generation:
+                raise StepCompletedError(run_id, step.id, lease.generation,
+                                         f"the step was already {doc['status']} (generation {fence})")
+            if step.lease_generation != lease.generation:
+                step.lease_generation = lease.generation
+            return self._commit_steps(run_id, None, [step], rebase=True,
+                                      tool_calls=[tool_call] if tool_call else None)
+
+        return self._rebasing(run_id, attempts, write)
+
+    def _rebasing(self, run_id: str, attempts: int, write: Callable[[_Head], int]) -> int:
+        """`write(head)` under the run's lock; on a lost race, catch up, back off and try again.
+
+        For writes that merge with any other writer's (one step's fields, a tool-log append),
+        so trying again on the newer head is always right.
+        """
         for attempt in range(attempts):
             with self._lock(run_id):
-                head = self._head_for_shared_commit(run_id)
-                stored = head.steps_cmp.get(step.id)
-                if stored is None:
-                    raise KeyError(f"run {run_id!r} has no step {step.id!r}")
-                doc = json.loads(stored)
-                fence = int(doc.get("lease_generation", 0))
-                if fence > lease.generation or (claim and fence == lease.generation):
-                    raise LeaseLostError(run_id, step.id, lease.generation,
-                                         f"generation {fence} has committed the step since")
-                if doc.get("status") in _FINISHED and fence != lease.generation:
-                    raise StepCompletedError(run_id, step.id, lease.generation,
-                                             f"the step was already {doc['status']} (generation {fence})")
-                if step.lease_generation != lease.generation:
-                    step.lease_generation = lease.generation
                 try:
-                    return self._commit_steps(run_id, None, [step], rebase=True,
-                                              tool_calls=[tool_call] if tool_call else None)
+                    return write(self._head_for_shared_commit(run_id))
                 except ConflictError:
                     self._rebase(run_id)
                     if attempt == attempts - 1:
                         raise
-            _backoff(attempt)  # another worker committed first: rebase after a little while
+            _backoff(attempt)
         raise AssertionError("unreachable")
 
     def _commit_steps(self, run_id: str, run: AgentRun | None, steps: Iterable[Step],
@@ -879,26 +895,16 @@ class CheckpointStore:
         validate_id(run_id, "run id")
         validate_id(step_id, "step id")
         call_json = self._tool_call_json(tool_call)
-        for attempt in range(attempts):
-            with self._lock(run_id):
-                head = self._head_for_shared_commit(run_id)
-                if head.version == 0:
-                    raise KeyError(f"run {run_id!r} has no saved state; save_run it first")
-                changes = Changes(tool_log={step_id: [call_json]})
-                try:
-                    version = self._commit(run_id, changes, run=None, changed_steps=[], rebase=True)
-                except ConflictError:
-                    self._rebase(run_id)
-                    # Another process committed first (workers sharing the run). An append
-                    # rebases safely, and this call was paid for: losing its record would pay
-                    # for it again on the retry of the step.
-                    if attempt == attempts - 1:
-                        raise
-                else:
-                    head.tool_log.setdefault(step_id, []).append(tool_call.model_copy(deep=True))
-                    return version
-            _backoff(attempt)
-        raise AssertionError("unreachable")
+
+        def write(head: _Head) -> int:
+            if head.version == 0:
+                raise KeyError(f"run {run_id!r} has no saved state; save_run it first")
+            changes = Changes(tool_log={step_id: [call_json]})
+            version = self._commit(run_id, changes, run=None, changed_steps=[], rebase=True)
+            head.tool_log.setdefault(step_id, []).append(tool_call.model_copy(deep=True))
+            return version
+
+        return self._rebasing(run_id, attempts, write)
 
     def mark_run_complete(self, run_id: str, status: str = "completed") -> int:
         """Set the run's status (seed API: also used for 'paused')."""
@@ -1054,6 +1060,9 @@ class CheckpointStore:
                 sd = dict(sd)
                 refs = sd.pop(REFS_FIELD, None)
                 if refs and resolve:
+                    # The state is shared with the compactor's replica (seeded from this load):
+                    # resolving nested paths in a shallow copy would inline them there too.
+                    sd = copy.deepcopy(sd)
                     self._resolve_refs(sd, refs)
                 steps[sid] = sd
             run = AgentRun.model_validate({**state["run"], "steps": steps})
@@ -1148,7 +1157,7 @@ class CheckpointStore:
         for rf in files[:3]:
             try:
                 rec = self._decode(rf.key, self.storage.get(rf.key), run_id, rf)
-            except CorruptFileError:
+            except (CorruptFileError, FileNotFoundError):  # damaged, or just pruned by another
                 continue
             s = rec.header.summary
             if s and "status" in s:

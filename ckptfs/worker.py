@@ -31,6 +31,7 @@ import concurrent.futures
 import inspect
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -104,10 +105,12 @@ class Worker:
     by others. `clock` is monotonic seconds (tests pass a fake one).
 
     An attempt's claim (RUNNING, the attempt count and the lease's generation, which fences off
-    older holders) is committed with the step's first durable write: its first tool call, or
-    its outcome. One commit fewer per step; a successor still finds every paid call. With
-    `durable_attempts=True` the claim is committed before the executor starts, so a step that
-    kills its process every time is counted (and `RetryPolicy.max_attempts` ends the loop).
+    older holders) is committed with the step's first durable write, its first tool call or its
+    outcome, when the step was never leased before: one commit fewer per step. A step taken over
+    (or leased before) is claimed before the executor starts, so that the holder it replaced
+    cannot commit if it wakes up. With `durable_attempts=True` every claim is committed up
+    front, so a step that kills its process every time is counted (and
+    `RetryPolicy.max_attempts` ends the loop).
     """
 
     def __init__(self, store: CheckpointStore, *, worker_id: str | None = None,
@@ -122,6 +125,7 @@ class Worker:
         self.durable_attempts = durable_attempts
         self._agent = _LeasedAgent(store, self)
         self._claimed: set[tuple[str, str]] = set()
+        self._claim_lock = threading.Lock()
         self._releases: list[concurrent.futures.Future[bool]] = []
         self._release_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._beats: dict[tuple[str, str], Heartbeat] = {}
@@ -168,7 +172,7 @@ class Worker:
                     if lease is None:
                         continue
                     did = True
-                    if lease.created:  # no worker ever held this step: what we loaded is its state
+                    if lease.created and not step.lease_generation:  # never held: our view is its state
                         self._run_step(run_id, step, lease, executor, report)
                         break
                     # What we loaded may be stale: another worker may have finished an attempt and
@@ -277,7 +281,10 @@ class Worker:
         step.started_at = time.time()
         step.completed_at = None
         step.metadata.pop(NOT_BEFORE, None)
-        return self._commit(run_id, step, hb, report) if self.durable_attempts else True
+        # A takeover claims at once: until the step's fence is raised, the holder it replaced
+        # could still commit if it wakes up. A lease created fresh had no holder before.
+        eager = self.durable_attempts or not hb.lease.created
+        return self._commit(run_id, step, hb, report) if eager else True
 
     def _log_call(self, run_id: str, step_id: str, call: ToolCall) -> None:
         """A tool call's durable record, under the lease (and carrying the claim, if not yet
@@ -294,14 +301,15 @@ class Worker:
         key = (run_id, step.id)
         for rounds in range(1, 1_000_000):
             try:
-                self.store.commit_step(run_id, step, hb.check(), claim=key not in self._claimed,
-                                       tool_call=call)
+                with self._claim_lock:  # tool calls from several threads: one claim between them
+                    self.store.commit_step(run_id, step, hb.check(),
+                                           claim=key not in self._claimed, tool_call=call)
+                    self._claimed.add(key)
             except ConflictError as exc:  # many commits at once: commit_step's retries ran out
                 if rounds >= 60:
                     raise
                 logger.info("run %s: step %s: %s; trying again", run_id, step.id, exc)
                 continue
-            self._claimed.add(key)
             return
         raise AssertionError("unreachable")
 
