@@ -1,6 +1,6 @@
 """Several workers on one run: throughput against one CheckpointedAgent, and the cost of leases.
 
-    python benchmarks/workers.py [--steps 96] [--latency 0.2] [--workers 1,2,4] [--backends local,s3]
+    python benchmarks/workers.py [--steps 48] [--latency 0.5] [--workers 1,2,4] [--backends local,s3]
 
 A run of `--steps` independent steps (papers to read), each one "LLM call" of `--latency`
 seconds on average (a sleep of 0.5x to 1.5x that, fixed per step, the same for every contender:
@@ -105,8 +105,8 @@ def many(url: str, opts: dict[str, Any], n: int, latency: float, workers: int) -
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=96)
-    ap.add_argument("--latency", type=float, default=0.2)
+    ap.add_argument("--steps", type=int, default=48)
+    ap.add_argument("--latency", type=float, default=0.5)
     ap.add_argument("--workers", default="1,2,4")
     ap.add_argument("--backends", default="local,s3")
     args = ap.parse_args()

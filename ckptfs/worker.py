@@ -272,7 +272,8 @@ class Worker:
             self._release_later(hb.lease)
 
     def _claim(self, run_id: str, step: Step, hb: Heartbeat, report: WorkReport) -> bool:
-        """Mark the attempt; committed now only with `durable_attempts` (see the class)."""
+        """Mark the attempt; committed at once for a takeover or with `durable_attempts`, else
+        with the attempt's first durable write (see the class)."""
         if step.status == StepStatus.RUNNING:
             logger.warning("run %s: worker %s takes over step %s (its holder went silent)", run_id,
                            self.worker_id, step.id)
@@ -298,19 +299,20 @@ class Worker:
 
     def _commit_with_retries(self, run_id: str, step: Step, hb: Heartbeat,
                              call: ToolCall | None = None) -> None:
+        """Commit under the lease; a lost race is retried for as long as minutes (60 rounds of
+        commit_step's own rebases): what is committed here was paid for."""
         key = (run_id, step.id)
-        for rounds in range(1, 1_000_000):
+        for rounds in range(60):
             try:
                 with self._claim_lock:  # tool calls from several threads: one claim between them
                     self.store.commit_step(run_id, step, hb.check(),
                                            claim=key not in self._claimed, tool_call=call)
                     self._claimed.add(key)
-            except ConflictError as exc:  # many commits at once: commit_step's retries ran out
-                if rounds >= 60:
+                return
+            except ConflictError as exc:
+                if rounds == 59:
                     raise
                 logger.info("run %s: step %s: %s; trying again", run_id, step.id, exc)
-                continue
-            return
         raise AssertionError("unreachable")
 
     def _commit(self, run_id: str, step: Step, hb: Heartbeat, report: WorkReport) -> bool:
@@ -319,9 +321,9 @@ class Worker:
         try:
             self._commit_with_retries(run_id, step, hb)
         except StepCompletedError as exc:
-                logger.info("%s", exc)  # a normal race: we saw the step ready just before
-                report.done_elsewhere.append(step.id)
-                return False
+            logger.info("%s", exc)  # a normal race: we saw the step ready just before
+            report.done_elsewhere.append(step.id)
+            return False
         except LeaseLostError as exc:
             logger.warning("%s", exc)
             report.lost.append(step.id)
