@@ -27,7 +27,6 @@ A lease object is small JSON, readable with `cat`; it is not a checkpoint file: 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
@@ -178,9 +177,9 @@ class LeaseManager:
         got = self._parse(key, data)
         return (etag, got) if got is not None and got.nonce == rec.nonce else None
 
-    def _lease(self, rec: LeaseRecord, etag: str, sent_at: float) -> Lease:
+    def _lease(self, rec: LeaseRecord, etag: str, sent_at: float, created: bool = False) -> Lease:
         return Lease(rec.run_id, rec.step_id, rec.holder, rec.generation, rec.ttl, etag,
-                     sent_at + rec.ttl * SAFETY, rec.renewals)
+                     sent_at + rec.ttl * SAFETY, rec.renewals, created)
 
     # ------------------------------------------------------------------------- acquire
 
@@ -255,8 +254,7 @@ class LeaseManager:
         with self._guard:
             self._observed.pop(key, None)
         logger.debug("lease %s: acquired generation %d as %s", key, rec.generation, self.holder)
-        lease = self._lease(rec, etag, sent)
-        return dataclasses.replace(lease, created=True) if created else lease
+        return self._lease(rec, etag, sent, created)
 
     # -------------------------------------------------------------------- renew/release
 
