@@ -47,3 +47,12 @@ def any_store_url(request: pytest.FixtureRequest, tmp_path: Any) -> tuple[str, d
         return f"memory://t-{uuid.uuid4().hex[:10]}", {}
     s3: EmbeddedS3 = request.getfixturevalue("s3")
     return s3.url(f"t-{uuid.uuid4().hex[:8]}"), s3.storage_options
+
+
+@pytest.fixture(params=["local", "s3"])
+def shared_url(request: pytest.FixtureRequest, tmp_path: Any) -> tuple[str, dict[str, Any]]:
+    """(url, storage_options) of each backend several processes can share (leases need it)."""
+    if request.param == "local":
+        return str(tmp_path / "store"), {}
+    s3: EmbeddedS3 = request.getfixturevalue("s3")
+    return s3.url(f"t-{uuid.uuid4().hex[:8]}"), s3.storage_options

@@ -28,12 +28,9 @@ class Clock:
         return self.now
 
 
-@pytest.fixture(params=["local", "s3"])
-def storage(request: pytest.FixtureRequest, tmp_path: Path) -> Storage:
-    if request.param == "local":
-        return open_storage(str(tmp_path / "store"))
-    s3 = request.getfixturevalue("s3")
-    return open_storage(s3.url(f"t-{uuid.uuid4().hex[:8]}"), s3.storage_options)
+@pytest.fixture
+def storage(shared_url: tuple[str, dict[str, Any]]) -> Storage:
+    return open_storage(*shared_url)
 
 
 def test_a_held_lease_is_taken_over_only_after_a_full_ttl_unchanged(storage: Storage) -> None:
@@ -188,14 +185,6 @@ def _run(url: str, opts: dict[str, Any]) -> None:
     run.add_step(Step(id="s2", title="two"))
     with CheckpointStore(url, opts) as st:
         st.save_run(run)
-
-
-@pytest.fixture(params=["local", "s3"])
-def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, Any]]:
-    if request.param == "local":
-        return str(tmp_path / "store"), {}
-    s3 = request.getfixturevalue("s3")
-    return s3.url(f"t-{uuid.uuid4().hex[:8]}"), s3.storage_options
 
 
 def test_a_stalled_holder_cannot_overwrite_its_successor(shared_url: tuple[str, dict[str, Any]]) -> None:

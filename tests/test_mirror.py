@@ -14,6 +14,7 @@ from ckptfs import AgentRun, CheckpointStore, CompactionPolicy, Step, StepStatus
 from ckptfs.layout import artifact_key, parse_artifact_key, parse_run_key
 from ckptfs.mirror import mirror, restore, restore_points
 from ckptfs.storage import MemoryStorage, Storage, open_storage
+from tests._forwarding import Forwarding
 
 RUN = "paper-run"
 POLICY = CompactionPolicy(fanout=4, max_plan=6, min_snapshot_bytes=4096, keep_last=0, background=False)
@@ -62,13 +63,11 @@ def state(store: CheckpointStore, run_id: str) -> dict[str, Any]:
                       for k in run.steps}}
 
 
-class Recording(Storage):
+class Recording(Forwarding):
     """Records every write a Storage receives, in order (to check the copy order)."""
 
     def __init__(self, inner: Storage) -> None:
-        super().__init__(inner.url, inner.options)
-        self.inner = inner
-        self.capabilities = inner.capabilities  # type: ignore[misc]
+        super().__init__(inner)
         self.writes: list[str] = []
 
     def put(self, key: str, data: bytes) -> str:
@@ -79,33 +78,9 @@ class Recording(Storage):
         self.writes.append(key)
         return self.inner.put_if_absent(key, data)
 
-    def put_if_match(self, key: str, data: bytes, etag: str) -> str:
-        return self.inner.put_if_match(key, data, etag)
-
-    def get_with_etag(self, key: str) -> tuple[bytes, str]:
-        return self.inner.get_with_etag(key)
-
-    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
-        return self.inner.list(prefix, start_after)
-
-    def list_dirs(self, prefix: str) -> list[str]:
-        return self.inner.list_dirs(prefix)
-
-    def delete(self, key: str) -> None:
-        self.inner.delete(key)
-
-    def size(self, key: str) -> int:
-        return self.inner.size(key)
-
     def put_stream(self, key: str, src: Any, exclusive: bool = False) -> None:
         self.writes.append(key)
         self.inner.put_stream(key, src, exclusive)
-
-    def open_read(self, key: str) -> Any:
-        return self.inner.open_read(key)
-
-    def check(self) -> None:
-        self.inner.check()
 
 
 def test_machine_loss_restore_from_s3_mirror_equals_crash_free_run(

@@ -4,11 +4,8 @@ what they committed since it last looked, and still compacts; any doubt means a 
 from __future__ import annotations
 
 import collections
-import uuid
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from ckptfs import AgentRun, CheckpointStore, CompactionPolicy, Step, StepStatus, ToolCall
 from ckptfs.layout import log_key
@@ -36,16 +33,8 @@ def _run(n: int = 6) -> AgentRun:
     return run
 
 
-@pytest.fixture(params=["local", "s3"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, Any]]:
-    if request.param == "local":
-        return str(tmp_path / "store"), {}
-    s3 = request.getfixturevalue("s3")
-    return s3.url(f"t-{uuid.uuid4().hex[:8]}"), s3.storage_options
-
-
-def test_refresh_reads_only_what_others_committed(url: tuple[str, dict[str, Any]]) -> None:
-    u, opts = url
+def test_refresh_reads_only_what_others_committed(shared_url: tuple[str, dict[str, Any]]) -> None:
+    u, opts = shared_url
     a, b = CheckpointStore(u, opts, artifact_threshold=1024), CheckpointStore(u, opts)
     a.save_run(_run())
     assert b.load_run("r") is not None

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -106,17 +105,9 @@ def _wait_for(side: Path, line: str, proc: subprocess.Popen[str], timeout: float
     raise AssertionError(f"no {line!r} in {side}")
 
 
-@pytest.fixture(params=["local", "s3"])
-def shared(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[str, Any]]:
-    if request.param == "local":
-        return str(tmp_path / "store"), {}
-    s3: EmbeddedS3 = request.getfixturevalue("s3")
-    return s3.url(f"t-{uuid.uuid4().hex[:8]}"), s3.storage_options
-
-
 def test_a_killed_workers_step_is_taken_over_without_paying_twice(
-        shared: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
-    url, opts = shared
+        shared_url: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
+    url, opts = shared_url
     _start(url, opts)
     side = tmp_path / "side.log"
     a = _spawn(url, opts, "a", 1.0, side, "s05", 30)
@@ -139,8 +130,8 @@ def test_a_killed_workers_step_is_taken_over_without_paying_twice(
 
 
 def test_a_stopped_worker_that_wakes_up_late_is_fenced_off(
-        shared: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
-    url, opts = shared
+        shared_url: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
+    url, opts = shared_url
     _start(url, opts)
     side = tmp_path / "side.log"
     a = _spawn(url, opts, "a", 1.0, side, "s05", 1.5)
