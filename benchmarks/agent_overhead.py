@@ -27,8 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus, ToolCall
-from ckptfs.agent import CheckpointedAgent
-from ckptfs.policy import CheckpointPolicy
+from ckptfs.runtime.agent import CheckpointedAgent
+from ckptfs.runtime.policy import CheckpointPolicy
 
 TARGET = 1.3
 POLICIES = {

@@ -32,8 +32,9 @@ from rich.table import Table
 
 from backends.s3.embedded import EmbeddedS3
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus, ToolCall
-from ckptfs.changes import Changes
-from ckptfs.storage import Storage, open_storage
+from ckptfs.format.changes import Changes
+from ckptfs.storage.base import Storage
+from ckptfs.storage.registry import open_storage
 
 WORDS = [
     "agent", "checkpoint", "paper", "finding", "citation", "model", "result", "method", "dataset",

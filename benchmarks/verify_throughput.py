@@ -3,7 +3,7 @@
 Builds a ~200 MB store on local disk (incompressible artifacts, mostly, plus runs with
 snapshots, deltas and journal records), then times, in one run on one machine:
   floor:  `zstd -t` over every .ckpt file + `sha256sum` over every file
-  verify: ckptfs.integrity.verify(level="data") (decode, chain, replay, hash artifacts)
+  verify: ckptfs.maintenance.verify.verify(level="data") (decode, chain, replay, hash artifacts)
 and prints MB/s for each and the ratio (target: verify >= 0.5x the floor).
 
     .venv/bin/python benchmarks/verify_throughput.py [--mb 200] [--dir /tmp/x]
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from ckptfs import AgentRun, CheckpointStore, CompactionPolicy, Step, StepStatus, ToolCall
-from ckptfs.integrity import verify
+from ckptfs.maintenance.verify import verify
 
 
 def build(root: Path, mb: int) -> None:

@@ -33,8 +33,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ckptfs import AgentRun, CheckpointStore, Step, ToolCall
-from ckptfs.agent import CheckpointedAgent
-from ckptfs.worker import Worker
+from ckptfs.runtime.agent import CheckpointedAgent
+from ckptfs.runtime.worker import Worker
 
 TARGET_4 = 2.5
 

@@ -4,13 +4,6 @@ One URL configures where they live (`/path`, `file:///path`, `s3://bucket/prefix
 `memory://name`); see README.md for what is guaranteed.
 """
 
-from ckptfs.agent import (
-    CheckpointedAgent,
-    ProgressEvent,
-    RetriesExhaustedError,
-    RunStoppedError,
-    StepResult,
-)
 from ckptfs.config import Settings, load_settings
 from ckptfs.errors import (
     CheckpointCorruptError,
@@ -26,18 +19,33 @@ from ckptfs.errors import (
     UnsupportedFormatError,
     VersionNotFoundError,
 )
-from ckptfs.integrity import Finding, Report, verify
-from ckptfs.leases import Lease, LeaseManager
-from ckptfs.mirror import MirrorJob, MirrorReport, RestoreReport, mirror, restore, restore_points
-from ckptfs.models import AgentRun, ArtifactRef, Step, StepStatus, ToolCall
-from ckptfs.policy import CheckpointPolicy, RetryPolicy
-from ckptfs.prune import PruneReport, prune
-from ckptfs.resume import ResumeBrief
-from ckptfs.retry import RetryingStorage
-from ckptfs.storage import Capabilities, Storage, open_storage
-from ckptfs.store import CheckpointStore, CompactionPolicy, RetentionResult
-from ckptfs.tools import Done, IdempotentToolRunner, UnconfirmedActionError, cache_key
-from ckptfs.worker import Worker, WorkReport
+from ckptfs.format.models import AgentRun, ArtifactRef, Step, StepStatus, ToolCall
+from ckptfs.maintenance.prune import PruneReport, prune
+from ckptfs.maintenance.verify import Finding, Report, verify
+from ckptfs.replication.mirror import (
+    MirrorJob,
+    MirrorReport,
+    RestoreReport,
+    mirror,
+    restore,
+    restore_points,
+)
+from ckptfs.runtime.agent import (
+    CheckpointedAgent,
+    ProgressEvent,
+    RetriesExhaustedError,
+    RunStoppedError,
+    StepResult,
+)
+from ckptfs.runtime.policy import CheckpointPolicy, RetryPolicy
+from ckptfs.runtime.resume import ResumeBrief
+from ckptfs.runtime.tools import Done, IdempotentToolRunner, UnconfirmedActionError, cache_key
+from ckptfs.runtime.worker import Worker, WorkReport
+from ckptfs.storage.base import Capabilities, Storage
+from ckptfs.storage.registry import open_storage
+from ckptfs.storage.retry import RetryingStorage
+from ckptfs.store.checkpoint_store import CheckpointStore, CompactionPolicy, RetentionResult
+from ckptfs.store.leases import Lease, LeaseManager
 
 __version__ = "0.1.0"
 
@@ -45,7 +53,7 @@ __version__ = "0.1.0"
 def __getattr__(name: str) -> object:
     """`ckptfs.CkptfsSaver` without importing LangGraph at `import ckptfs` (optional extra)."""
     if name == "CkptfsSaver":
-        from ckptfs.integrations.langgraph import CkptfsSaver
+        from ckptfs.integrations.langgraph.saver import CkptfsSaver
 
         return CkptfsSaver
     raise AttributeError(f"module 'ckptfs' has no attribute {name!r}")

@@ -25,7 +25,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ckptfs.errors import ConfigError, StorageUnavailableError
-from ckptfs.storage import open_storage, redact_options, redact_url
+from ckptfs.storage.redact import redact_options, redact_url
+from ckptfs.storage.registry import open_storage
 
 DEFAULT_PATH = "config/ckptfs.toml"
 CONFIG_ENV = "CKPTFS_CONFIG"

@@ -44,8 +44,8 @@ from papers_agent import (  # noqa: E402
 
 from backends.s3.embedded import EmbeddedS3  # noqa: E402
 from ckptfs import CheckpointStore  # noqa: E402
-from ckptfs.agent import ProgressEvent, RunStoppedError  # noqa: E402
-from ckptfs.mirror import MirrorJob, MirrorReport, restore  # noqa: E402
+from ckptfs.replication.mirror import MirrorJob, MirrorReport, restore  # noqa: E402
+from ckptfs.runtime.agent import ProgressEvent, RunStoppedError  # noqa: E402
 
 
 def _papers(run: Any) -> set[int]:

@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus, ToolCall  # noqa: E402
-from ckptfs.agent import CheckpointedAgent, ProgressEvent, RetriesExhaustedError, StepResult  # noqa: E402
-from ckptfs.policy import RetryPolicy  # noqa: E402
+from ckptfs.runtime.agent import CheckpointedAgent, ProgressEvent, RetriesExhaustedError, StepResult  # noqa: E402
+from ckptfs.runtime.policy import RetryPolicy  # noqa: E402
 
 PAPERS = 500
 RATE_LIMIT_AT = 347

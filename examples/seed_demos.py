@@ -17,8 +17,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ckptfs import AgentRun, CheckpointStore, Step, ToolCall
-from ckptfs.agent import CheckpointedAgent
-from ckptfs.tools import IdempotentToolRunner
+from ckptfs.runtime.agent import CheckpointedAgent
+from ckptfs.runtime.tools import IdempotentToolRunner
 
 
 def simulate_document_processing() -> AgentRun | None:

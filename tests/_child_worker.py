@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from ckptfs import CheckpointStore, Step, ToolCall
-from ckptfs.worker import Worker
+from ckptfs.runtime.worker import Worker
 
 
 def main() -> None:

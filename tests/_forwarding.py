@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import IO
 
-from ckptfs.storage import Storage
+from ckptfs.storage.base import Storage
 
 
 class Forwarding(Storage):

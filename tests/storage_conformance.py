@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from ckptfs.storage import PreconditionFailed, Storage
+from ckptfs.storage.base import PreconditionFailed, Storage
 
 
 class StorageConformance:

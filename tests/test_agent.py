@@ -11,13 +11,8 @@ from typing import Any
 import pytest
 
 from ckptfs import CheckpointStore, Step, StepStatus, ToolCall
-from ckptfs.agent import (
-    CheckpointedAgent,
-    ProgressEvent,
-    RetriesExhaustedError,
-    StepResult,
-)
-from ckptfs.policy import CheckpointPolicy, RetryPolicy
+from ckptfs.runtime.agent import CheckpointedAgent, ProgressEvent, RetriesExhaustedError, StepResult
+from ckptfs.runtime.policy import CheckpointPolicy, RetryPolicy
 
 FAST = RetryPolicy(max_attempts=3, base_delay=0.0, jitter=0.0)
 
@@ -346,7 +341,7 @@ def test_progress_goes_to_logging_and_the_callback_never_stdout(
             raise ConnectionError("once")
         return "ok"
 
-    with caplog.at_level(logging.INFO, logger="ckptfs.agent"):
+    with caplog.at_level(logging.INFO, logger="ckptfs.runtime.agent"):
         agent.execute_run(run, ex)
     kinds = [e.kind for e in events]
     assert kinds[0] == "run_started" and kinds[-1] == "run_finished"

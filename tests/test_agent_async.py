@@ -27,8 +27,8 @@ if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
 
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus, ToolCall  # noqa: E402
-from ckptfs.agent import CheckpointedAgent, RetriesExhaustedError  # noqa: E402
-from ckptfs.policy import RetryPolicy  # noqa: E402
+from ckptfs.runtime.agent import CheckpointedAgent, RetriesExhaustedError  # noqa: E402
+from ckptfs.runtime.policy import RetryPolicy  # noqa: E402
 
 WIDTH = 8
 FAST = RetryPolicy(max_attempts=3, base_delay=0.0, jitter=0.0)

@@ -32,8 +32,8 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from ckptfs import AgentRun, CheckpointStore, Step, ToolCall  # noqa: E402
-from ckptfs.agent import CheckpointedAgent  # noqa: E402
-from ckptfs.policy import CheckpointPolicy, RetryPolicy  # noqa: E402
+from ckptfs.runtime.agent import CheckpointedAgent  # noqa: E402
+from ckptfs.runtime.policy import CheckpointPolicy, RetryPolicy  # noqa: E402
 
 Spec = list[dict[str, Any]]  # [{"id", "deps", "tools", "milestone", "flaky"}]
 POLICIES = {

@@ -14,7 +14,7 @@ from backends.s3.embedded import EmbeddedS3, free_port
 from ckptfs.cli import main as cli_main
 from ckptfs.cli._common import CliError
 from ckptfs.cli._options import storage_options_from_args
-from ckptfs.storage import open_storage
+from ckptfs.storage.registry import open_storage
 from tests.test_integrity_support import all_files, build_store
 
 SECRET = "sup3r-s3cret-VALUE-0042"

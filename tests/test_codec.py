@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from ckptfs import codec
 from ckptfs.errors import CorruptFileError, DecodeLimitError, UnsupportedFormatError
+from ckptfs.format import codec
 
 
 def _record(body: object = None, **over: object) -> bytes:

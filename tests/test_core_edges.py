@@ -17,7 +17,8 @@ import pytest
 
 from backends.s3.embedded import free_port
 from ckptfs import CheckpointStore, StorageUnavailableError
-from ckptfs.storage import FsspecStorage, open_storage
+from ckptfs.storage.generic import FsspecStorage
+from ckptfs.storage.registry import open_storage
 from tests.storage_conformance import StorageConformance
 
 ROOT = str(Path(__file__).resolve().parent.parent)

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from ckptfs import AgentRun, CheckpointCorruptError, CheckpointStore, CompactionPolicy, Step, StepStatus
-from ckptfs.layout import parse_run_key
-from ckptfs.storage import Storage
+from ckptfs.format.keys import parse_run_key
+from ckptfs.storage.base import Storage
 
 POLICY = CompactionPolicy(fanout=4, max_plan=5, min_snapshot_bytes=10**9, keep_last=0, background=False)
 

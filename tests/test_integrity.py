@@ -13,12 +13,14 @@ from typing import IO, Any
 
 import pytest
 
-from ckptfs import AgentRun, CheckpointStore, Step, StepStatus, codec
+from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
 from ckptfs.cli import main as cli_main
 from ckptfs.errors import ConfigError
-from ckptfs.integrity import in_subset, verify
-from ckptfs.layout import log_key, parse_artifact_key
-from ckptfs.storage import Storage, open_storage
+from ckptfs.format import codec
+from ckptfs.format.keys import log_key, parse_artifact_key
+from ckptfs.maintenance.verify import in_subset, verify
+from ckptfs.storage.base import Storage
+from ckptfs.storage.registry import open_storage
 from tests.test_integrity_support import KINDS, POLICY, THRESHOLD, all_files, build_store, mutate
 
 ROOT = Path(__file__).resolve().parent.parent

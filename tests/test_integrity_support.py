@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ckptfs import AgentRun, CheckpointStore, CompactionPolicy, Step, StepStatus, ToolCall
-from ckptfs.layout import parse_artifact_key, parse_run_key
+from ckptfs.format.keys import parse_artifact_key, parse_run_key
 
 POLICY = CompactionPolicy(fanout=3, max_plan=6, min_snapshot_bytes=3000, keep_last=2, background=False)
 THRESHOLD = 1024

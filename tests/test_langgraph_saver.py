@@ -15,7 +15,7 @@ from langgraph.types import Command, interrupt
 
 from ckptfs.errors import CorruptFileError, InvalidIdError
 from ckptfs.integrations.langgraph import CkptfsSaver
-from ckptfs.storage import open_storage
+from ckptfs.storage.registry import open_storage
 
 
 class State(TypedDict):
@@ -218,7 +218,7 @@ def test_flipped_byte_in_the_log_is_reported_not_misread(tmp_path: Path) -> None
 
 def test_construction_errors(tmp_path: Path) -> None:
     from ckptfs.errors import ConfigError
-    from ckptfs.store import CheckpointStore
+    from ckptfs.store.checkpoint_store import CheckpointStore
 
     with pytest.raises(ConfigError):
         CkptfsSaver()

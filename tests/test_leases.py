@@ -14,9 +14,10 @@ import pytest
 
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
 from ckptfs.errors import ConfigError, LeaseLostError, StepCompletedError
-from ckptfs.layout import lease_key
-from ckptfs.leases import SAFETY, Heartbeat, LeaseManager
-from ckptfs.storage import PreconditionFailed, Storage, open_storage
+from ckptfs.format.keys import lease_key
+from ckptfs.storage.base import PreconditionFailed, Storage
+from ckptfs.storage.registry import open_storage
+from ckptfs.store.leases import SAFETY, Heartbeat, LeaseManager
 from tests._forwarding import Forwarding
 
 

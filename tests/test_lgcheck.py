@@ -12,8 +12,8 @@ import pytest
 from ckptfs import AgentRun, CheckpointStore, Step
 from ckptfs.cli import main as cli_main
 from ckptfs.integrations.langgraph import CkptfsSaver
-from ckptfs.integrity import verify
-from ckptfs.storage import open_storage
+from ckptfs.maintenance.verify import verify
+from ckptfs.storage.registry import open_storage
 from tests.test_langgraph_saver import _put_chain
 
 

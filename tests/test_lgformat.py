@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptfs.errors import CorruptFileError, DecodeLimitError
-from ckptfs.integrations import _lgformat as fmt
+from ckptfs.integrations.langgraph import codec as fmt
 
 
 def _elements(rnd: random.Random, n: int) -> list[bytes]:

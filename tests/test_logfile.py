@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 from ckptfs.errors import CorruptFileError
-from ckptfs.logfile import HEADER_SIZE, MAGIC, RecordLog, frame
+from ckptfs.storage.logfile import HEADER_SIZE, MAGIC, RecordLog, frame
 
 ROOT = str(Path(__file__).resolve().parent.parent)
 
-# The child imports ckptfs.logfile without running ckptfs/__init__.py (which loads the whole
+# The child imports ckptfs.storage.logfile without running ckptfs/__init__.py (which loads the whole
 # library, ~0.4 s): a bare package object pointing at the source directory. That also shows the
 # module needs nothing but the stdlib and ckptfs.errors.
 CHILD = r"""
@@ -32,7 +32,7 @@ import hashlib, os, sys, types
 pkg = types.ModuleType("ckptfs")
 pkg.__path__ = [os.path.join(sys.argv[1], "ckptfs")]
 sys.modules["ckptfs"] = pkg
-from ckptfs.logfile import RecordLog
+from ckptfs.storage.logfile import RecordLog
 
 def payload(tag, i):
     head = f"{tag}:{i}:".encode()
@@ -355,7 +355,7 @@ def test_torn_tail_hidden_from_readers_then_truncated(
     assert reader.refresh() == (False, [])
     assert path.stat().st_size == end2 + junk  # readers never write
 
-    with caplog.at_level(logging.WARNING, logger="ckptfs.logfile"):
+    with caplog.at_level(logging.WARNING, logger="ckptfs.storage.logfile"):
         new = append(RecordLog(str(path)), b"four")
     assert new == [end2]
     assert f"torn tail of {junk} bytes" in caplog.text
@@ -378,7 +378,7 @@ def test_flipped_byte_in_record_two_of_five(
     path.write_bytes(bytes(raw))
 
     reader = RecordLog(str(path))
-    with caplog.at_level(logging.WARNING, logger="ckptfs.logfile"):
+    with caplog.at_level(logging.WARNING, logger="ckptfs.storage.logfile"):
         replaced, recs = reader.refresh()
     assert not replaced
     assert recs == [(o, good[o]) for o in offs if o != offs[1]]

@@ -15,9 +15,11 @@ from pathlib import Path
 import pytest
 
 from ckptfs.errors import CorruptFileError
-from ckptfs.logfile import RecordLog, frame
-from ckptfs.logstore import LOG_NAME, LogStorage, _record
-from ckptfs.storage import LocalStorage, PreconditionFailed, Storage, open_storage
+from ckptfs.storage.base import PreconditionFailed, Storage
+from ckptfs.storage.local import LocalStorage
+from ckptfs.storage.logfile import RecordLog, frame
+from ckptfs.storage.logstore import LOG_NAME, LogStorage, _record
+from ckptfs.storage.registry import open_storage
 from tests.storage_conformance import StorageConformance
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -204,7 +206,7 @@ class TestLogStorage(StorageConformance):
 _CHILD = """
 import random
 import sys
-from ckptfs.logstore import LogStorage
+from ckptfs.storage.logstore import LogStorage
 from ckptfs.storage import open_storage
 from tests.test_logstore import first_segment
 s = LogStorage(open_storage(sys.argv[1]), first_segment)

@@ -11,9 +11,11 @@ import pytest
 
 from backends.s3.embedded import EmbeddedS3
 from ckptfs import AgentRun, CheckpointStore, CompactionPolicy, Step, StepStatus, ToolCall
-from ckptfs.layout import artifact_key, parse_artifact_key, parse_run_key
-from ckptfs.mirror import mirror, restore, restore_points
-from ckptfs.storage import MemoryStorage, Storage, open_storage
+from ckptfs.format.keys import artifact_key, parse_artifact_key, parse_run_key
+from ckptfs.replication.mirror import mirror, restore, restore_points
+from ckptfs.storage.base import Storage
+from ckptfs.storage.memory import MemoryStorage
+from ckptfs.storage.registry import open_storage
 from tests._forwarding import Forwarding
 
 RUN = "paper-run"
@@ -242,9 +244,9 @@ def test_a_long_lived_mirror_looks_again_for_artifacts_a_prune_of_the_mirror_too
     TOUCH_AFTER, so an artifact collected on the mirror between passes is sent again."""
     import importlib
 
-    from ckptfs.layout import parse_artifact_key
+    from ckptfs.format.keys import parse_artifact_key
 
-    mirror_module = importlib.import_module("ckptfs.mirror")
+    mirror_module = importlib.import_module("ckptfs.replication.mirror")
     src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
     store = CheckpointStore(src, policy=POLICY, artifact_threshold=1024)
     work(store, RUN, 9, stop_after=5)

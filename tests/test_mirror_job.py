@@ -12,8 +12,8 @@ from test_mirror import POLICY, Recording, work
 
 from ckptfs import CheckpointStore
 from ckptfs.errors import ConfigError
-from ckptfs.mirror import MirrorJob
-from ckptfs.storage import open_storage
+from ckptfs.replication.mirror import MirrorJob
+from ckptfs.storage.registry import open_storage
 
 RUN = "paper-run"
 

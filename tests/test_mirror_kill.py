@@ -19,7 +19,7 @@ from test_mirror import POLICY, state, work
 
 from backends.s3.embedded import EmbeddedS3
 from ckptfs import CheckpointCorruptError, CheckpointStore
-from ckptfs.mirror import mirror, restore
+from ckptfs.replication.mirror import mirror, restore
 
 RUNS = ("run-a", "run-b")
 
@@ -74,7 +74,7 @@ def test_sigkill_mirror_thirty_times_never_torn_then_converges(
     for run_id in RUNS:
         work(source, run_id, 140, stop_after=6)
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["ckptfs.mirror", "s3fs", "test_mirror_kill"])
+    ctx.set_forkserver_preload(["ckptfs.replication.mirror", "s3fs", "test_mirror_kill"])
     rng = random.Random(20261130)
     kills = restores = 0
     complete: set[str] = set()

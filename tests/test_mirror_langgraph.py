@@ -14,8 +14,8 @@ from backends.s3.embedded import EmbeddedS3
 from ckptfs import AgentRun, CheckpointStore, Step
 from ckptfs.cli import main
 from ckptfs.integrations.langgraph import CkptfsSaver
-from ckptfs.integrity import verify
-from ckptfs.mirror import LANGGRAPH_ENTRY, mirror
+from ckptfs.maintenance.verify import verify
+from ckptfs.replication.mirror import LANGGRAPH_ENTRY, mirror
 from tests.test_langgraph_saver import _put_chain
 
 
@@ -82,7 +82,7 @@ def test_logs_are_mirrored_incrementally_and_restored(tmp_path: Path, s3: Embedd
 
 def test_a_log_copied_mid_append_restores_as_an_earlier_state(tmp_path: Path, s3: EmbeddedS3,
                                                                s3_url: str) -> None:
-    from ckptfs.storage import open_storage
+    from ckptfs.storage.registry import open_storage
 
     src = str(tmp_path / "a")
     chain = _put_chain(CkptfsSaver(src, full_every=4), "t", 5)
@@ -97,7 +97,7 @@ def test_a_log_copied_mid_append_restores_as_an_earlier_state(tmp_path: Path, s3
     assert ("lg-damaged-record", key) in codes
     remote.put(key, whole[: len(whole) - 100])  # what a copy taken in the middle of the 5th put holds
     dst = str(tmp_path / "b")
-    from ckptfs.mirror import restore
+    from ckptfs.replication.mirror import restore
 
     assert restore(s3_url, dst, src_options=s3.storage_options).ok
     history = _history(dst, "t")
@@ -110,8 +110,8 @@ def test_a_log_copied_mid_append_restores_as_an_earlier_state(tmp_path: Path, s3
 
 def test_a_deleted_thread_leaves_the_mirror_and_restore_to_s3_expands_the_logs(
         tmp_path: Path, s3: EmbeddedS3, s3_url: str) -> None:
-    from ckptfs.mirror import restore
-    from ckptfs.storage import open_storage
+    from ckptfs.replication.mirror import restore
+    from ckptfs.storage.registry import open_storage
 
     src = str(tmp_path / "a")
     saver = CkptfsSaver(src, full_every=4)
@@ -143,7 +143,7 @@ def test_a_prune_during_the_pass_leaves_a_readable_mirror(tmp_path: Path) -> Non
     checkpoints while the pass reads; the pass lists again and sends what replaced them."""
     import uuid
 
-    from ckptfs.storage import open_storage
+    from ckptfs.storage.registry import open_storage
 
     src_url = f"memory://lg-src-{uuid.uuid4().hex[:8]}"
     saver = CkptfsSaver(src_url, full_every=8)

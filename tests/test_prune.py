@@ -13,9 +13,9 @@ import pytest
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
 from ckptfs.cli import main as cli_main
 from ckptfs.errors import ConfigError
-from ckptfs.integrity import verify
-from ckptfs.layout import parse_artifact_key, parse_run_key
-from ckptfs.prune import parse_duration, prune
+from ckptfs.format.keys import parse_artifact_key, parse_run_key
+from ckptfs.maintenance.prune import parse_duration, prune
+from ckptfs.maintenance.verify import verify
 from tests.test_integrity_support import POLICY, THRESHOLD, all_files, build_store
 
 
@@ -136,8 +136,8 @@ def test_empty_policy_and_bad_input_are_refused(store_copy: Path, capsys: pytest
 
 def _old_unreferenced_artifact(root: Path) -> tuple[str, bytes]:
     """Bytes stored as an artifact two days ago that no record references any more."""
-    from ckptfs.artifacts import ArtifactStore
-    from ckptfs.storage import open_storage
+    from ckptfs.storage.registry import open_storage
+    from ckptfs.store.artifacts import ArtifactStore
 
     data = b"re-referenced " * 5000
     ref = ArtifactStore(open_storage(str(root))).put(data)
@@ -147,8 +147,8 @@ def _old_unreferenced_artifact(root: Path) -> tuple[str, bytes]:
 
 
 def test_a_writer_re_referencing_old_bytes_touches_them_so_prune_spares_them(store_copy: Path) -> None:
-    from ckptfs.artifacts import ArtifactStore
-    from ckptfs.storage import open_storage
+    from ckptfs.storage.registry import open_storage
+    from ckptfs.store.artifacts import ArtifactStore
 
     key, data = _old_unreferenced_artifact(store_copy)
     assert prune(str(store_copy), 1, dry_run=True).artifacts_deleted.count(key) == 1  # collectable now
@@ -163,7 +163,7 @@ def test_prune_reads_each_age_again_right_before_deleting(store_copy: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib
 
-    prune_module = importlib.import_module("ckptfs.prune")
+    prune_module = importlib.import_module("ckptfs.maintenance.prune")
 
     key, _data = _old_unreferenced_artifact(store_copy)
     real = prune_module._referenced
@@ -183,9 +183,9 @@ def test_prune_reads_each_age_again_right_before_deleting(store_copy: Path,
 
 def test_a_writer_does_not_trust_its_memory_of_bytes_prune_collected(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    import ckptfs.artifacts as artifacts_module
-    from ckptfs.artifacts import ArtifactStore
-    from ckptfs.storage import open_storage
+    import ckptfs.store.artifacts as artifacts_module
+    from ckptfs.storage.registry import open_storage
+    from ckptfs.store.artifacts import ArtifactStore
 
     arts = ArtifactStore(open_storage(str(tmp_path)))
     ref = arts.put(b"x" * 10000)
@@ -200,9 +200,10 @@ def test_a_writer_does_not_trust_its_memory_of_bytes_prune_collected(tmp_path: P
 def test_bytes_that_cannot_be_touched_are_written_again(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """S3 refuses to copy an archived (GLACIER) object onto itself: the commit must not fail."""
-    from ckptfs.artifacts import ArtifactStore
     from ckptfs.errors import StorageUnavailableError
-    from ckptfs.storage import LocalStorage, open_storage
+    from ckptfs.storage.local import LocalStorage
+    from ckptfs.storage.registry import open_storage
+    from ckptfs.store.artifacts import ArtifactStore
 
     storage = open_storage(str(tmp_path))
     ref = ArtifactStore(storage).put(b"archived " * 2000)

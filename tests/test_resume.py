@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 
 from ckptfs import CheckpointStore, Step, StepStatus, ToolCall
-from ckptfs.agent import CheckpointedAgent, RetriesExhaustedError
-from ckptfs.policy import RetryPolicy
-from ckptfs.resume import ResumeBrief, build_brief
+from ckptfs.runtime.agent import CheckpointedAgent, RetriesExhaustedError
+from ckptfs.runtime.policy import RetryPolicy
+from ckptfs.runtime.resume import ResumeBrief, build_brief
 
 FAST = RetryPolicy(max_attempts=1, base_delay=0.0)
 

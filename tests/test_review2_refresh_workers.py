@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from ckptfs import AgentRun, CheckpointStore, CompactionPolicy, Step, StepStatus, ToolCall
-from ckptfs.integrity import verify
-from ckptfs.leases import LeaseManager
-from ckptfs.worker import Worker
+from ckptfs.maintenance.verify import verify
+from ckptfs.runtime.worker import Worker
+from ckptfs.store.leases import LeaseManager
 
 
 def _run(n: int = 3) -> AgentRun:

@@ -16,11 +16,12 @@ from typing import Any
 
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus, ToolCall
 from ckptfs.errors import StorageUnavailableError
-from ckptfs.layout import lease_key
-from ckptfs.leases import Heartbeat, LeaseManager
-from ckptfs.policy import RetryPolicy
-from ckptfs.storage import Storage, open_storage
-from ckptfs.worker import NOT_BEFORE, Worker
+from ckptfs.format.keys import lease_key
+from ckptfs.runtime.policy import RetryPolicy
+from ckptfs.runtime.worker import NOT_BEFORE, Worker
+from ckptfs.storage.base import Storage
+from ckptfs.storage.registry import open_storage
+from ckptfs.store.leases import Heartbeat, LeaseManager
 from tests._forwarding import Forwarding
 
 

@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from ckptfs import AgentRun, CheckpointStore, CompactionPolicy, ConflictError, Step, codec
+from ckptfs import AgentRun, CheckpointStore, CompactionPolicy, ConflictError, Step
 from ckptfs.errors import CorruptFileError
-from ckptfs.storage import open_storage
+from ckptfs.format import codec
+from ckptfs.storage.registry import open_storage
 
 ROOT = str(Path(__file__).resolve().parent.parent)
 PRUNING = CompactionPolicy(fanout=4, max_plan=4, min_snapshot_bytes=1, keep_last=1, background=False)

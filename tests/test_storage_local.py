@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from ckptfs.storage import LocalStorage, Storage, open_storage
+from ckptfs.storage.base import Storage
+from ckptfs.storage.local import LocalStorage
+from ckptfs.storage.registry import open_storage
 from tests.storage_conformance import StorageConformance
 
 

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from ckptfs.storage import MemoryStorage, Storage, open_storage
+from ckptfs.storage.base import Storage
+from ckptfs.storage.memory import MemoryStorage
+from ckptfs.storage.registry import open_storage
 from tests.storage_conformance import StorageConformance
 
 

@@ -8,7 +8,9 @@ import pytest
 
 from backends.s3.embedded import EmbeddedS3, free_port
 from ckptfs.errors import ConfigError, StorageUnavailableError
-from ckptfs.storage import S3Storage, Storage, open_storage
+from ckptfs.storage.base import Storage
+from ckptfs.storage.registry import open_storage
+from ckptfs.storage.s3 import S3Storage
 from tests.storage_conformance import StorageConformance
 
 

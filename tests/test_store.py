@@ -20,7 +20,7 @@ from ckptfs import (
     ToolCall,
     VersionNotFoundError,
 )
-from ckptfs.layout import parse_run_key
+from ckptfs.format.keys import parse_run_key
 
 Backend = tuple[str, dict[str, Any]]
 SMALL = CompactionPolicy(fanout=4, max_plan=8, min_snapshot_bytes=2048, keep_last=3, background=False)
@@ -64,7 +64,7 @@ def test_commit_writes_only_the_change(tmp_path: Any) -> None:
     store = CheckpointStore(str(tmp_path), policy=SMALL)
     run = make_run(500)
     store.save_run(run)
-    from ckptfs.codec import decode
+    from ckptfs.format.codec import decode
 
     def body_size(v: int) -> int:
         key = f"runs/run-1/log/{v:012d}.ckpt"
@@ -280,7 +280,7 @@ def test_nothing_ever_silently_starts_from_scratch(tmp_path: Any, caplog: Any) -
 def test_idle_compactor_threads_exit_and_restart(monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
-    from ckptfs.store import _Compactor
+    from ckptfs.store.checkpoint_store import _Compactor
 
     monkeypatch.setattr(_Compactor, "IDLE_EXIT_SECONDS", 0.2)
     stores = [CheckpointStore(f"memory://idle-{i}-{id(monkeypatch)}") for i in range(10)]

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from ckptfs import AgentRun, CheckpointStore, CompactionPolicy, Step, StepStatus, ToolCall
-from ckptfs.layout import log_key
-from ckptfs.leases import LeaseManager
-from ckptfs.storage import Storage
+from ckptfs.format.keys import log_key
+from ckptfs.storage.base import Storage
+from ckptfs.store.leases import LeaseManager
 
 
 def _counting(storage: Storage) -> collections.Counter[str]:

@@ -22,8 +22,8 @@ if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
 
 from ckptfs import AgentRun, CheckpointStore, Step, ToolCall  # noqa: E402
-from ckptfs.agent import CheckpointedAgent, RunStoppedError  # noqa: E402
-from ckptfs.tools import (  # noqa: E402
+from ckptfs.runtime.agent import CheckpointedAgent, RunStoppedError  # noqa: E402
+from ckptfs.runtime.tools import (  # noqa: E402
     Done,
     IdempotentToolRunner,
     UnconfirmedActionError,
@@ -71,7 +71,7 @@ def test_cache_key_ignores_argument_order_and_is_stable_across_processes() -> No
     # pinned: a different value here would orphan every cached result in existing stores
     assert cache_key("search", {"query": "Python performance"}) == (
         "9bf2a469c9d1def13a4134fc4f0b5b90ebf4a544bc7ced3e49f195373c7eb665")
-    code = ("import json,sys; from ckptfs.tools import cache_key; "
+    code = ("import json,sys; from ckptfs.runtime.tools import cache_key; "
             "print(cache_key('search', json.loads(sys.argv[1])))")
     keys = set()
     for seed in ("0", "123", "random"):
@@ -155,7 +155,7 @@ def test_idempotency_key_is_deterministic_and_reaches_the_tool(store: Checkpoint
     logged = [c.idempotency_key for c in store.get_tool_call_history(run.run_id, "s1")]
     assert logged == seen
     # the key is a function of (run, step, call index, call): a replay reproduces it
-    from ckptfs.tools import idempotency_key
+    from ckptfs.runtime.tools import idempotency_key
 
     assert seen[0] == idempotency_key(run.run_id, "s1", 0, cache_key("pay", {"amount": 10}))
     assert seen[1] == idempotency_key(run.run_id, "s1", 1, cache_key("pay", {"amount": 20}))

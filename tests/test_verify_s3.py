@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from ckptfs.integrity import Report, verify
-from ckptfs.storage import open_storage
+from ckptfs.maintenance.verify import Report, verify
+from ckptfs.storage.registry import open_storage
 from tests.test_integrity_support import KINDS, all_files, build_store, mutate
 
 

@@ -19,9 +19,9 @@ import pytest
 
 from backends.s3.embedded import EmbeddedS3
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus, ToolCall
-from ckptfs.layout import lease_key
-from ckptfs.policy import RetryPolicy
-from ckptfs.worker import NOT_BEFORE, Worker
+from ckptfs.format.keys import lease_key
+from ckptfs.runtime.policy import RetryPolicy
+from ckptfs.runtime.worker import NOT_BEFORE, Worker
 
 CHILD = str(Path(__file__).with_name("_child_worker.py"))
 ROOT = str(Path(__file__).resolve().parent.parent)

@@ -16,7 +16,7 @@ from typing import Any
 from ckptfs.cli._common import CliError
 from ckptfs.config import json_object_env
 from ckptfs.errors import ConfigError
-from ckptfs.storage import redact_options
+from ckptfs.storage.redact import redact_options
 
 ENV_VAR = "CKPTFS_STORAGE_OPTIONS"
 _NUMBER = re.compile(r"^-?\d+(?:\.\d+)?$")

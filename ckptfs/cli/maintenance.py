@@ -18,13 +18,13 @@ from rich.text import Text
 from ckptfs.cli._common import EXIT_OK, EXIT_PROBLEMS, CliError, console, console_err, emit_json
 from ckptfs.cli._options import add_storage_args, storage_options_from_args
 from ckptfs.errors import CheckpointCorruptError
-from ckptfs.integrity import Report, list_keys, verify
-from ckptfs.layout import RUNS
-from ckptfs.leases import read_leases
-from ckptfs.models import validate_id
-from ckptfs.prune import DEFAULT_ARTIFACT_GRACE, parse_duration, prune
-from ckptfs.storage import open_storage
-from ckptfs.store import RESUMABLE_STATUSES, CheckpointStore
+from ckptfs.format.keys import RUNS
+from ckptfs.format.models import validate_id
+from ckptfs.maintenance.prune import DEFAULT_ARTIFACT_GRACE, parse_duration, prune
+from ckptfs.maintenance.verify import Report, list_keys, verify
+from ckptfs.storage.registry import open_storage
+from ckptfs.store.checkpoint_store import RESUMABLE_STATUSES, CheckpointStore
+from ckptfs.store.leases import read_leases
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 

@@ -33,8 +33,8 @@ from ckptfs.cli._common import EXIT_OK, EXIT_PROBLEMS, CliError, console, consol
 from ckptfs.cli._options import add_storage_args, merge_options, parse_items, storage_options_from_args
 from ckptfs.config import Settings, load_settings, parse_duration
 from ckptfs.errors import ConfigError
-from ckptfs.mirror import MirrorJob, TransferReport, mirror, restore
-from ckptfs.storage import redact_options
+from ckptfs.replication.mirror import MirrorJob, TransferReport, mirror, restore
+from ckptfs.storage.redact import redact_options
 
 MIRROR_OPTIONS_ENV = "CKPTFS_MIRROR_STORAGE_OPTIONS"
 

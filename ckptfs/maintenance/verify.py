@@ -34,8 +34,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ckptfs import codec
-from ckptfs.changes import apply_body
 from ckptfs.errors import (
     ConfigError,
     CorruptFileError,
@@ -43,11 +41,16 @@ from ckptfs.errors import (
     StorageUnavailableError,
     UnsupportedFormatError,
 )
-from ckptfs.integrations.lgcheck import check_langgraph
-from ckptfs.layout import LG_ROOT, RUNS, RunFile, artifact_key, log_key, parse_artifact_key, parse_run_key
-from ckptfs.models import AgentRun, ArtifactRef, Step, ToolCall, graph_problems, validate_id
-from ckptfs.storage import TEMP_MARKER, Storage, open_storage, scrub_secrets
-from ckptfs.store import REFS_FIELD
+from ckptfs.format import codec
+from ckptfs.format.changes import apply_body
+from ckptfs.format.keys import RUNS, RunFile, artifact_key, log_key, parse_artifact_key, parse_run_key
+from ckptfs.format.models import AgentRun, ArtifactRef, Step, ToolCall, graph_problems, validate_id
+from ckptfs.integrations.langgraph.check import check_langgraph
+from ckptfs.integrations.langgraph.keys import LG_ROOT
+from ckptfs.storage.base import TEMP_MARKER, Storage
+from ckptfs.storage.redact import scrub_secrets
+from ckptfs.storage.registry import open_storage
+from ckptfs.store.checkpoint_store import REFS_FIELD
 
 logger = logging.getLogger(__name__)
 

@@ -23,13 +23,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ckptfs import codec
 from ckptfs.errors import ConfigError, CorruptFileError
-from ckptfs.integrity import body_refs, list_keys, open_readonly_target
-from ckptfs.layout import ARTIFACTS, RUNS, artifact_key, parse_artifact_key, parse_run_key
-from ckptfs.models import validate_id
-from ckptfs.storage import TEMP_MARKER, Storage
-from ckptfs.store import CheckpointStore, CompactionPolicy, RetentionResult
+from ckptfs.format import codec
+from ckptfs.format.keys import ARTIFACTS, RUNS, artifact_key, parse_artifact_key, parse_run_key
+from ckptfs.format.models import validate_id
+from ckptfs.maintenance.verify import body_refs, list_keys, open_readonly_target
+from ckptfs.storage.base import TEMP_MARKER, Storage
+from ckptfs.store.checkpoint_store import CheckpointStore, CompactionPolicy, RetentionResult
 
 logger = logging.getLogger(__name__)
 

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptfs.errors import CkptfsError
-from ckptfs.models import AgentRun, Step, StepStatus, ToolCall
-from ckptfs.policy import CheckpointPolicy, RetryPolicy
-from ckptfs.resume import (
+from ckptfs.format.models import AgentRun, Step, StepStatus, ToolCall
+from ckptfs.runtime.policy import CheckpointPolicy, RetryPolicy
+from ckptfs.runtime.resume import (
     SKIP_REASON,
     STRATEGIES,
     TOOL_LOG_START,
@@ -47,8 +47,8 @@ from ckptfs.resume import (
     requeue_interrupted,
     reset_failed,
 )
-from ckptfs.store import CheckpointStore
-from ckptfs.tools import IdempotentToolRunner, ToolLogState, UnconfirmedActionError
+from ckptfs.runtime.tools import IdempotentToolRunner, ToolLogState, UnconfirmedActionError
+from ckptfs.store.checkpoint_store import CheckpointStore
 
 logger = logging.getLogger(__name__)
 

@@ -43,7 +43,8 @@ import zlib
 from collections.abc import Iterator, Sequence
 
 from ckptfs.errors import CorruptFileError
-from ckptfs.storage import TEMP_MARKER, fsync_dir, make_dirs
+from ckptfs.storage.base import TEMP_MARKER
+from ckptfs.storage.local import fsync_dir, make_dirs
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfs.codec import dumps
+from ckptfs.format.codec import dumps
 
 
 @dataclass

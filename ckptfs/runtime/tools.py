@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ckptfs.errors import CkptfsError
-from ckptfs.models import ToolCall
+from ckptfs.format.models import ToolCall
 
 if TYPE_CHECKING:
-    from ckptfs.agent import CheckpointedAgent
+    from ckptfs.runtime.agent import CheckpointedAgent
 
 logger = logging.getLogger(__name__)
 

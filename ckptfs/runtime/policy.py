@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ckptfs.models import Step
+from ckptfs.format.models import Step
 
 Granularity = Literal["tool_call", "step", "every_n", "milestone"]
 _GRANULARITIES = ("tool_call", "step", "every_n", "milestone")

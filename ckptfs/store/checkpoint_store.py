@@ -41,10 +41,6 @@ from typing import IO, Any
 
 from pydantic import ValidationError
 
-from ckptfs import codec
-from ckptfs.artifacts import ArtifactSource, ArtifactStore
-from ckptfs.chain import RunIndex
-from ckptfs.changes import Changes, apply_body
 from ckptfs.errors import (
     CheckpointCorruptError,
     ConflictError,
@@ -55,9 +51,10 @@ from ckptfs.errors import (
     UnsupportedFormatError,
     VersionNotFoundError,
 )
-from ckptfs.layout import RUNS, RunFile, delta_key, log_key, parse_run_key, run_prefix, snap_key
-from ckptfs.leases import Lease
-from ckptfs.models import (
+from ckptfs.format import codec
+from ckptfs.format.changes import Changes, apply_body
+from ckptfs.format.keys import RUNS, RunFile, delta_key, log_key, parse_run_key, run_prefix, snap_key
+from ckptfs.format.models import (
     AgentRun,
     ArtifactRef,
     Step,
@@ -67,7 +64,11 @@ from ckptfs.models import (
     graph_problems,
     validate_id,
 )
-from ckptfs.storage import Storage, open_storage
+from ckptfs.format.reader import RunIndex
+from ckptfs.storage.base import Storage
+from ckptfs.storage.registry import open_storage
+from ckptfs.store.artifacts import ArtifactSource, ArtifactStore
+from ckptfs.store.leases import Lease
 
 logger = logging.getLogger(__name__)
 

@@ -45,8 +45,8 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from ckptfs.errors import ConfigError, CorruptFileError
-from ckptfs.integrations import _lgformat as fmt
-from ckptfs.layout import (
+from ckptfs.integrations.langgraph import codec as fmt
+from ckptfs.integrations.langgraph.keys import (
     lg_checkpoint_key,
     lg_decode,
     lg_encode,
@@ -60,8 +60,10 @@ from ckptfs.layout import (
     lg_write_key,
     lg_writes_prefix,
 )
-from ckptfs.logstore import LogStorage
-from ckptfs.storage import LocalStorage, Storage, open_storage
+from ckptfs.storage.base import Storage
+from ckptfs.storage.local import LocalStorage
+from ckptfs.storage.logstore import LogStorage
+from ckptfs.storage.registry import open_storage
 
 logger = logging.getLogger(__name__)
 

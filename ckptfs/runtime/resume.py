@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ckptfs.models import AgentRun, Step, StepStatus
+from ckptfs.format.models import AgentRun, Step, StepStatus
 
 STRATEGIES = ("exact", "fuzzy", "context")
 # Step.metadata key: tool-log entries before this index belong to an invalidated execution

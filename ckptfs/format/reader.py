@@ -15,8 +15,8 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ckptfs import codec
-from ckptfs.layout import RunFile
+from ckptfs.format import codec
+from ckptfs.format.keys import RunFile
 
 logger = logging.getLogger(__name__)
 

@@ -30,16 +30,9 @@ from typing import IO
 import xxhash
 
 from ckptfs.errors import CorruptFileError
-from ckptfs.logfile import HEADER_SIZE, RecordLog
-from ckptfs.storage import (
-    TEMP_MARKER,
-    Capabilities,
-    Keys,
-    LocalStorage,
-    PreconditionFailed,
-    Storage,
-    check_key,
-)
+from ckptfs.storage.base import TEMP_MARKER, Capabilities, Keys, PreconditionFailed, Storage, check_key
+from ckptfs.storage.local import LocalStorage
+from ckptfs.storage.logfile import HEADER_SIZE, RecordLog
 
 logger = logging.getLogger(__name__)
 

@@ -41,9 +41,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ckptfs.errors import ConfigError, LeaseLostError
-from ckptfs.layout import lease_key
-from ckptfs.models import validate_id
-from ckptfs.storage import PreconditionFailed, Storage
+from ckptfs.format.keys import lease_key
+from ckptfs.format.models import validate_id
+from ckptfs.storage.base import PreconditionFailed, Storage
 
 logger = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from collections.abc import Iterator
 from typing import IO, BinaryIO
 
 from ckptfs.errors import CkptfsError, CorruptFileError
-from ckptfs.layout import artifact_key
-from ckptfs.models import ArtifactRef
-from ckptfs.storage import Storage
+from ckptfs.format.keys import artifact_key
+from ckptfs.format.models import ArtifactRef
+from ckptfs.storage.base import Storage
 
 logger = logging.getLogger(__name__)
 

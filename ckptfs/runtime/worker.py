@@ -37,14 +37,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfs.agent import CheckpointedAgent, Executor, StepResult, _current_step, complete_step
 from ckptfs.errors import ConflictError, LeaseLostError, StepCompletedError
-from ckptfs.leases import DEFAULT_TTL, Heartbeat, Lease, LeaseManager
-from ckptfs.models import AgentRun, Step, StepStatus, ToolCall
-from ckptfs.policy import RetryPolicy
-from ckptfs.resume import SKIP_REASON, TOOL_LOG_START, downstream
-from ckptfs.store import CheckpointStore
-from ckptfs.tools import IdempotentToolRunner
+from ckptfs.format.models import AgentRun, Step, StepStatus, ToolCall
+from ckptfs.runtime.agent import CheckpointedAgent, Executor, StepResult, _current_step, complete_step
+from ckptfs.runtime.policy import RetryPolicy
+from ckptfs.runtime.resume import SKIP_REASON, TOOL_LOG_START, downstream
+from ckptfs.runtime.tools import IdempotentToolRunner
+from ckptfs.store.checkpoint_store import CheckpointStore
+from ckptfs.store.leases import DEFAULT_TTL, Heartbeat, Lease, LeaseManager
 
 logger = logging.getLogger(__name__)
 

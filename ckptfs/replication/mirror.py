@@ -55,9 +55,6 @@ from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import IO, Any, Protocol
 
-from ckptfs import codec
-from ckptfs.artifacts import TOUCH_AFTER
-from ckptfs.chain import RunIndex
 from ckptfs.errors import (
     CheckpointCorruptError,
     ConfigError,
@@ -65,22 +62,19 @@ from ckptfs.errors import (
     StorageUnavailableError,
     VersionNotFoundError,
 )
-from ckptfs.integrity import list_keys
-from ckptfs.layout import (
-    ARTIFACTS,
-    LG_ROOT,
-    RUNS,
-    RunFile,
-    lg_group_of,
-    parse_artifact_key,
-    parse_run_key,
-    run_prefix,
-)
-from ckptfs.logstore import LOG_NAME, LogStorage
-from ckptfs.models import ArtifactRef, validate_id
-from ckptfs.retry import RetryingStorage
-from ckptfs.storage import TEMP_MARKER, Capabilities, Keys, LocalStorage, Storage, check_key, open_storage
-from ckptfs.store import CheckpointStore, CompactionPolicy, gc_paused
+from ckptfs.format import codec
+from ckptfs.format.keys import ARTIFACTS, RUNS, RunFile, parse_artifact_key, parse_run_key, run_prefix
+from ckptfs.format.models import ArtifactRef, validate_id
+from ckptfs.format.reader import RunIndex
+from ckptfs.integrations.langgraph.keys import LG_ROOT, lg_group_of
+from ckptfs.maintenance.verify import list_keys
+from ckptfs.storage.base import TEMP_MARKER, Capabilities, Keys, Storage, check_key
+from ckptfs.storage.local import LocalStorage
+from ckptfs.storage.logstore import LOG_NAME, LogStorage
+from ckptfs.storage.registry import open_storage
+from ckptfs.storage.retry import RetryingStorage
+from ckptfs.store.artifacts import TOUCH_AFTER
+from ckptfs.store.checkpoint_store import CheckpointStore, CompactionPolicy, gc_paused
 
 logger = logging.getLogger(__name__)
 

@@ -19,11 +19,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from ckptfs.errors import CkptfsError
-from ckptfs.integrations import _lgformat as fmt
-from ckptfs.layout import LG_ROOT, lg_group_of
-from ckptfs.logfile import RecordLog
-from ckptfs.logstore import LOG_NAME, LogStorage
-from ckptfs.storage import LocalStorage, Storage, open_storage
+from ckptfs.integrations.langgraph import codec as fmt
+from ckptfs.integrations.langgraph.keys import LG_ROOT, lg_group_of
+from ckptfs.storage.base import Storage
+from ckptfs.storage.local import LocalStorage
+from ckptfs.storage.logfile import RecordLog
+from ckptfs.storage.logstore import LOG_NAME, LogStorage
+from ckptfs.storage.registry import open_storage
 
 Problem = tuple[str, str, str, str]  # severity, code, message, key
 

@@ -23,7 +23,8 @@ from collections.abc import Callable
 from typing import IO, Any, TypeVar
 
 from ckptfs.errors import StorageUnavailableError
-from ckptfs.storage import Keys, Storage, s3_error
+from ckptfs.storage.base import Keys, Storage
+from ckptfs.storage.s3 import s3_error
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,2 @@
+"""Layer 5, replication: mirror restore points to object storage and restore them elsewhere.
+"""

@@ -1,0 +1,2 @@
+"""Layer 4, the agent runtime: CheckpointedAgent, IdempotentToolRunner, Worker, policies, resume.
+"""

@@ -1,0 +1,171 @@
+"""The storage contract: six operations, capabilities as data, and key hygiene.
+
+
+Six operations carry the whole contract (numpydoc on `Storage`): `put` (atomic replace),
+`put_if_absent` (exclusive create), `put_if_match` (compare-and-swap), `get`, `list`,
+`delete`, plus streaming for large artifacts. Each backend states what it guarantees as a
+frozen `Capabilities` value; callers read flags, never protocol strings.
+
+- local disk: temp file in the same directory (O_EXCL), fsync, then `renameat2(NOREPLACE)`
+  (or `link`) for exclusive create / `replace` for overwrite, then fsync the directory.
+  fsspec's local backend never fsyncs and stages transactions in /tmp, so it is not used.
+- S3 (s3fs): there is no rename, so one PUT to the final key is the commit;
+  `If-None-Match: *` makes it exclusive and `If-Match` makes it a compare-and-swap.
+  The listings cache is off: a cached listing would hide new versions.
+- memory: fsspec's in-process store, shared within the process as fsspec users expect.
+- anything else fsspec knows: a documented fallback whose weaker guarantee is logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Any, ClassVar
+
+from ckptfs.storage.redact import redact_options, redact_url
+
+logger = logging.getLogger(__name__)
+
+TEMP_MARKER = ".tmp-"
+COPY_CHUNK = 1024 * 1024
+Keys = list[str]  # spelled once here: inside classes, `list` is the method
+
+
+class PreconditionFailed(Exception):
+    """`put_if_match` found a different version of the object than the one expected."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend promises; callers branch on these, never on the URL scheme."""
+
+    atomic_put: bool  # a reader sees the old object or the new one, never a part
+    exclusive_create: bool  # put_if_absent cannot let two writers both succeed
+    conditional_put: bool  # put_if_match is a true compare-and-swap
+    durable: bool  # acknowledged writes survive a crash of this process and of the machine
+    shared: bool  # other processes see the same objects
+    remote: bool = False  # each call is a network round trip: worth overlapping independent calls
+
+
+def check_key(key: str) -> str:
+    """Keys are relative, '/'-separated and never climb out of the store root."""
+    if not key or key.startswith("/") or "\\" in key or "\x00" in key:
+        raise ValueError(f"invalid storage key {key!r}")
+    if any(part in ("", ".", "..") for part in key.split("/")):
+        raise ValueError(f"invalid storage key {key!r}")
+    return key
+
+
+class Storage(ABC):
+    """A flat key space of immutable-by-convention objects under one root URL.
+
+    Contract for every backend
+    --------------------------
+    put(key, data)
+        Replace the object atomically (see ``capabilities.atomic_put``); durable on return.
+    put_if_absent(key, data)
+        Create the object only if no object has that key. Raises ``FileExistsError`` when one
+        does; on backends with ``exclusive_create`` two concurrent callers cannot both win.
+    put_if_match(key, data, etag)
+        Replace the object only if its current etag is ``etag``; raises ``PreconditionFailed``
+        otherwise and ``FileNotFoundError`` if it is gone. Returns the new etag.
+    get(key) / get_with_etag(key)
+        The whole object; ``FileNotFoundError`` if absent.
+    list(prefix, start_after=None)
+        Sorted keys under ``prefix`` (recursive), fresh (no cached listing).
+    delete(key)
+        Remove the object; absent is not an error.
+
+    Any failure to reach the backend at all (bad URL, missing bucket, refused credentials,
+    connection refused) raises ``StorageUnavailableError`` naming the redacted URL.
+    """
+
+    capabilities: ClassVar[Capabilities]
+
+    def __init__(self, url: str, options: Mapping[str, Any] | None = None) -> None:
+        self.url = url
+        self.display_url = redact_url(url)
+        self.options = dict(options or {})
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.display_url!r})"
+
+    def describe(self) -> dict[str, Any]:
+        """What this storage is, safe to print: redacted URL and options, capabilities."""
+        return {
+            "url": self.display_url,
+            "backend": type(self).__name__,
+            "options": redact_options(self.options),
+            "capabilities": self.capabilities.__dict__,
+        }
+
+    @abstractmethod
+    def put(self, key: str, data: bytes) -> str: ...
+
+    @abstractmethod
+    def put_if_absent(self, key: str, data: bytes) -> str: ...
+
+    @abstractmethod
+    def put_if_match(self, key: str, data: bytes, etag: str) -> str: ...
+
+    @abstractmethod
+    def get_with_etag(self, key: str) -> tuple[bytes, str]: ...
+
+    def get(self, key: str) -> bytes:
+        return self.get_with_etag(key)[0]
+
+    @abstractmethod
+    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]: ...
+
+    @abstractmethod
+    def list_dirs(self, prefix: str) -> Keys:
+        """Names of the immediate 'directories' under prefix (no trailing slash)."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None: ...
+
+    @abstractmethod
+    def size(self, key: str) -> int: ...
+
+    @abstractmethod
+    def put_stream(self, key: str, src: IO[bytes], exclusive: bool = False) -> None:
+        """Write a stream of any size without holding it in memory; same atomicity as put."""
+
+    @abstractmethod
+    def open_read(self, key: str) -> IO[bytes]: ...
+
+    def modified(self, key: str) -> float:
+        """Last modification time (POSIX seconds); prune's artifact grace period needs it.
+
+        Raises ``FileNotFoundError`` if absent, ``NotImplementedError`` where unknown.
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot tell modification times")
+
+    def touch(self, key: str) -> None:
+        """Set an object's modification time to now (a re-referenced artifact must look young to
+        prune). ``FileNotFoundError`` if absent, ``NotImplementedError`` where unsupported."""
+        raise NotImplementedError(f"{type(self).__name__} cannot touch objects")
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """Remove several objects in this order; backends that can batch it do (LogStorage:
+        one fdatasync per group)."""
+        for key in keys:
+            self.delete(key)
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.size(key)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def check(self) -> None:
+        """Reach the backend once; raise StorageUnavailableError with a clear reason if not."""
+        self.list_dirs("")
+
+    def close(self) -> None:
+        """Release cached handles; the storage stays usable."""
+
+

@@ -1,0 +1,57 @@
+"""From a URL to its Storage: the one place that maps a scheme to a backend."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+from ckptfs.errors import ConfigError
+from ckptfs.storage.base import Storage
+from ckptfs.storage.generic import FsspecStorage
+from ckptfs.storage.local import LocalStorage
+from ckptfs.storage.memory import MemoryStorage
+from ckptfs.storage.redact import redact_url
+from ckptfs.storage.s3 import S3Storage
+
+_INSTALL_HINTS = {"gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs"}
+
+
+def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> Storage:
+    """Build the Storage a URL names: `file:///p`, a plain path, `memory://n`, `s3://b/p`, ..."""
+    if not isinstance(url, str) or not url.strip():
+        raise ConfigError("store URL must be a non-empty string")
+    opts = dict(storage_options or {})
+    if "://" not in url:
+        return LocalStorage(url, url, opts)
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    shown = redact_url(url)
+    if scheme == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise ConfigError(f"{shown}: file:// URLs take no host; use file:///absolute/path")
+        if not parts.path:
+            raise ConfigError(f"{shown}: no path")
+        return LocalStorage(url, parts.path, opts)
+    if scheme in ("s3", "s3a"):
+        bucket = parts.netloc.rsplit("@", 1)[-1]
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]", bucket):
+            raise ConfigError(f"{shown}: {bucket!r} is not a valid S3 bucket name")
+        return S3Storage(url, bucket, parts.path, opts)
+    import fsspec
+
+    if scheme == "memory":
+        root = "/" + (parts.netloc + parts.path).strip("/")
+        if root == "/":
+            raise ConfigError(f"{shown}: memory:// needs a name, e.g. memory://my-run-store")
+        return MemoryStorage(url, fsspec.filesystem("memory"), root, opts)
+    try:
+        fs = fsspec.filesystem(scheme, **opts)
+    except ValueError as exc:
+        raise ConfigError(f"{shown}: unknown storage scheme {scheme!r} ({exc})") from None
+    except ImportError:
+        hint = _INSTALL_HINTS.get(scheme, f"the fsspec backend for {scheme}://")
+        raise ConfigError(f"{shown}: {scheme}:// needs an extra package: pip install {hint}") from None
+    root = fs._strip_protocol(url)
+    return FsspecStorage(url, fs, root, opts)

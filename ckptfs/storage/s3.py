@@ -1,0 +1,239 @@
+"""S3 through s3fs: one PUT per commit, If-None-Match for exclusivity, If-Match for CAS."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from typing import IO, Any
+
+from ckptfs.errors import ConfigError, StorageUnavailableError
+from ckptfs.storage.base import COPY_CHUNK, Capabilities, Keys, PreconditionFailed, Storage, check_key
+from ckptfs.storage.redact import scrub_secrets
+
+logger = logging.getLogger(__name__)
+
+
+_UNAVAILABLE_CODES = {
+    "NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
+    "ExpiredToken", "InvalidToken", "AllAccessDisabled", "InvalidBucketName", "403",
+    "AuthorizationHeaderMalformed", "PermanentRedirect", "301",
+}
+
+
+def s3_error(exc: BaseException) -> tuple[str | None, int | None]:
+    """The S3 error code and HTTP status found anywhere in the exception's chain (botocore
+    errors arrive wrapped by s3fs and aiobotocore, so the response may sit a few causes down)."""
+    seen = 0
+    cur: BaseException | None = exc
+    while cur is not None and seen < 8:
+        resp = getattr(cur, "response", None)
+        if isinstance(resp, dict):
+            code = resp.get("Error", {}).get("Code")
+            status = resp.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            return (str(code) if code is not None else None,
+                    int(status) if isinstance(status, int) else None)
+        cur = cur.__cause__ or cur.__context__
+        seen += 1
+    return None, None
+
+
+class S3Storage(Storage):
+    """S3 (or any S3-compatible server) through s3fs, one PUT per commit.
+
+    `put_if_absent` sends `If-None-Match: *` and `put_if_match` sends `If-Match`, so both
+    are decided by the server: two writers cannot both win. Objects appear whole or not at
+    all (single PUT, or a multipart upload completed in one call). Never `put_if_absent`
+    an empty body: a conditional PUT of zero bytes is the one s3fs path that can empty an
+    existing object, so the codec never produces one and `put_stream` refuses it.
+    """
+
+    capabilities = Capabilities(
+        atomic_put=True, exclusive_create=True, conditional_put=True, durable=True, shared=True,
+        remote=True,
+    )
+
+    def __init__(self, url: str, bucket: str, prefix: str, options: Mapping[str, Any] | None):
+        super().__init__(url, options)
+        import s3fs
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        opts = dict(self.options)
+        # Listings must be fresh (a cached one hides new versions); the client itself is
+        # shared through fsspec's instance cache, which is keyed by these options and cleared
+        # after fork, so opening the same store again costs no new connection pool.
+        opts.setdefault("use_listings_cache", False)
+        try:
+            self.fs = s3fs.S3FileSystem(**opts)
+        except TypeError as exc:
+            raise ConfigError(f"{self.display_url}: bad storage option: {exc}") from None
+
+    def _key(self, key: str) -> str:
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _rel(self, full: str) -> str:
+        return full[len(self.prefix) + 1 :] if self.prefix else full
+
+    @contextlib.contextmanager
+    def _errors(self, key: str | None = None) -> Iterator[None]:
+        try:
+            yield
+        except (FileExistsError, PreconditionFailed, FileNotFoundError) as exc:
+            code = s3_error(exc)[0]
+            if code in _UNAVAILABLE_CODES:
+                raise StorageUnavailableError(f"{self.display_url}: {code}: {exc}") from None
+            raise
+        except StorageUnavailableError:
+            raise
+        except PermissionError as exc:
+            raise StorageUnavailableError(f"{self.display_url}: access refused: {exc}") from None
+        except OSError as exc:
+            code = s3_error(exc)[0]
+            if code == "PreconditionFailed":
+                raise PreconditionFailed(f"{key}: object changed") from None
+            if code in ("NoSuchKey", "404"):
+                raise FileNotFoundError(key) from None
+            if code in ("ConditionalRequestConflict", "409"):
+                raise PreconditionFailed(f"{key}: concurrent conditional write") from None
+            raise StorageUnavailableError(f"{self.display_url}: {code or ''} {exc}") from None
+        except (ValueError, TypeError) as exc:
+            # botocore refuses a malformed endpoint or an unknown option only at the first call
+            raise ConfigError(f"{self.display_url}: bad S3 settings: {scrub_secrets(str(exc), self.options)}"
+                              ) from None
+        except Exception as exc:  # botocore connection errors and the like
+            name = type(exc).__name__
+            if "Connect" in name or "Endpoint" in name or "Credentials" in name or "Timeout" in name:
+                raise StorageUnavailableError(f"{self.display_url}: {name}: {exc}") from None
+            raise
+
+    def _put(self, key: str, data: bytes, **cond: str) -> str:
+        with self._errors(key):
+            resp = self.fs.call_s3("put_object", Bucket=self.bucket, Key=self._key(key),
+                                   Body=data, **cond)
+        return str(resp.get("ETag", ""))
+
+    def put(self, key: str, data: bytes) -> str:
+        return self._put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> str:
+        if not data:
+            raise ValueError("refusing an exclusive PUT of zero bytes (s3fs can empty the object)")
+        try:
+            return self._put(key, data, IfNoneMatch="*")
+        except PreconditionFailed:
+            raise FileExistsError(key) from None
+
+    def put_if_match(self, key: str, data: bytes, etag: str) -> str:
+        return self._put(key, data, IfMatch=etag)
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        from fsspec.asyn import sync
+
+        async def _get() -> tuple[bytes, str]:
+            resp = await self.fs._call_s3("get_object", Bucket=self.bucket, Key=self._key(key))
+            body = resp["Body"]
+            try:
+                data = await body.read()
+            finally:
+                body.close()
+            return data, str(resp.get("ETag", ""))
+
+        with self._errors(key):
+            result: tuple[bytes, str] = sync(self.fs.loop, _get)
+            return result
+
+    def _list(self, prefix: str, delimiter: bool, start_after: str | None) -> Keys:
+        full = self._key(prefix.rstrip("/")) + "/" if prefix else (self.prefix + "/" if self.prefix else "")
+        kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full}
+        if delimiter:
+            kw["Delimiter"] = "/"
+        if start_after:
+            kw["StartAfter"] = self._key(start_after)
+        out: Keys = []
+        with self._errors(prefix):
+            while True:
+                resp = self.fs.call_s3("list_objects_v2", **kw)
+                if delimiter:
+                    out.extend(p["Prefix"] for p in resp.get("CommonPrefixes", []))
+                else:
+                    out.extend(o["Key"] for o in resp.get("Contents", []))
+                if not resp.get("IsTruncated"):
+                    return out
+                kw["ContinuationToken"] = resp["NextContinuationToken"]
+                kw.pop("StartAfter", None)
+
+    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
+        return sorted(self._rel(k) for k in self._list(prefix, False, start_after))
+
+    def list_dirs(self, prefix: str) -> Keys:
+        return sorted(self._rel(p).rstrip("/").rsplit("/", 1)[-1]
+                      for p in self._list(prefix, True, None))
+
+    def delete(self, key: str) -> None:
+        with self._errors(key):
+            self.fs.call_s3("delete_object", Bucket=self.bucket, Key=self._key(key))
+
+    def size(self, key: str) -> int:
+        with self._errors(key):
+            resp = self.fs.call_s3("head_object", Bucket=self.bucket, Key=self._key(key))
+        return int(resp["ContentLength"])
+
+    def modified(self, key: str) -> float:
+        with self._errors(key):
+            resp = self.fs.call_s3("head_object", Bucket=self.bucket, Key=self._key(key))
+        return float(resp["LastModified"].timestamp())
+
+    def touch(self, key: str) -> None:
+        """Copy the object onto itself with new metadata: S3's only way to renew LastModified."""
+        full = self._key(key)
+        with self._errors(key):
+            self.fs.call_s3("copy_object", Bucket=self.bucket, Key=full,
+                            CopySource={"Bucket": self.bucket, "Key": full},
+                            MetadataDirective="REPLACE", Metadata={"ckptfs-touched": f"{time.time():.0f}"})
+
+    def put_stream(self, key: str, src: IO[bytes], exclusive: bool = False) -> None:
+        """Stream to one object; a failure aborts the upload so nothing partial appears.
+
+        fsspec's file would upload whatever it buffered when closed during an exception, so
+        the file is discarded (aborting any multipart upload) and marked closed instead.
+        Errors reading `src` propagate as they are; errors writing are mapped as usual.
+        """
+        path = f"{self.bucket}/{self._key(key)}"
+        first = src.read(COPY_CHUNK)
+        if not first:
+            self.put_if_absent(key, b"") if exclusive else self.put(key, b"")
+            return
+        with self._errors(key):
+            f = self.fs.open(path, "xb" if exclusive else "wb", block_size=8 * COPY_CHUNK)
+        try:
+            chunk = first
+            while chunk:
+                with self._errors(key):
+                    f.write(chunk)
+                chunk = src.read(COPY_CHUNK)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                f.discard()
+            f.closed = True
+            raise
+        with self._errors(key):
+            f.close()
+
+    def open_read(self, key: str) -> IO[bytes]:
+        with self._errors(key):
+            f: IO[bytes] = self.fs.open(f"{self.bucket}/{self._key(key)}", "rb")
+            return f
+
+    def check(self) -> None:
+        try:
+            with self._errors():
+                self.fs.call_s3("head_bucket", Bucket=self.bucket)
+        except FileNotFoundError:
+            raise StorageUnavailableError(
+                f"{self.display_url}: bucket {self.bucket!r} does not exist") from None
+
+
+# -------------------------------------------------------------------------------- factory
