@@ -207,7 +207,7 @@ _CHILD = """
 import random
 import sys
 from ckptfs.storage.logstore import LogStorage
-from ckptfs.storage import open_storage
+from ckptfs.storage.registry import open_storage
 from tests.test_logstore import first_segment
 s = LogStorage(open_storage(sys.argv[1]), first_segment)
 mode, tag = sys.argv[2], sys.argv[3]
