@@ -1,28 +1,53 @@
 """The `ckptfs` command: parse, build, call, render. Library code never prints; this does.
 
 Subcommands live in one module per family, each exposing `register(subparsers)`:
-`maintenance` (verify, prune, runs, show) and `replication` (mirror, restore, config).
-Exit codes everywhere: 0 ok, 1 problems found / incomplete, 2 usage error or unreachable.
+`runs` (runs, show, versions, diff, export, threads), `maintenance` (verify, prune, forget) and
+`replication` (mirror, restore, config). Registering imports nothing heavy: each handler imports
+what it needs when it runs, so `ckptfs --help` costs what argparse costs, and `ckptfs runs` does
+not load the agent runtime, the mirror or the scheduler.
+
+No parser accepts abbreviations of long options (`--dat` is not `--data`): an abbreviation that
+is unambiguous today becomes another option tomorrow.
+
+Exit codes everywhere: 0 ok, 1 problems found / incomplete, 2 usage error, nothing stored at the
+URL or store unreachable, 3 internal error, 130 interrupted (see `_common` for the JSON errors).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from ckptfs.cli._common import EXIT_USAGE, CliError, console_err, run_command
+from ckptfs.cli._common import EXIT_USAGE, CliError, Output, fail, run_command
 
-COMMAND_MODULES = ("ckptfs.cli.maintenance", "ckptfs.cli.replication")
+COMMAND_MODULES = ("ckptfs.cli.runs", "ckptfs.cli.maintenance", "ckptfs.cli.replication")
 
 
 class _Parser(argparse.ArgumentParser):
+    """argparse without abbreviations, reporting errors the CLI's way (JSON with --json)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> None:  # type: ignore[override]
-        console_err.print(f"[red]error:[/red] {message}")
         self.print_usage(sys.stderr)
-        raise SystemExit(EXIT_USAGE)
+        raise SystemExit(fail("usage", f"{self.prog}: {message}", EXIT_USAGE))
+
+
+def _add_verbose(parser: argparse.ArgumentParser) -> None:
+    """`-v` after the subcommand too (`ckptfs prune URL --keep-last 3 -v`), counted with the
+    global one; each subcommand parser and nested action parser gets it."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                if not any(a.dest == "sub_verbose" for a in child._actions):
+                    child.add_argument("-v", "--verbose", action="count", default=0, dest="sub_verbose",
+                                       help="log more (-v info, -vv debug, -vvv third-party too)")
+                _add_verbose(child)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,21 +56,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ckptfs", description="Durable checkpoints for long-running agents.")
     parser.add_argument("--version", action="version", version=f"ckptfs {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="log more (-v info, -vv debug) to stderr")
+                        help="log more to stderr: -v info, -vv debug (ckptfs only), -vvv also "
+                             "third-party libraries; secrets are scrubbed from every line")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    _add_verbose(parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from ckptfs.cli._logging import configure
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    Output.json = "--json" in argv  # before parsing, so that a usage error is JSON too
+    Output.command = next((a for a in argv if not a.startswith("-")), "")
     parser = build_parser()
     args = parser.parse_args(argv)
-    level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    code = run_command(args)
-    return code
+    Output.json = bool(getattr(args, "json", False))
+    Output.command = " ".join(str(c) for c in (args.command, getattr(args, "config_command", None)) if c)
+    args.verbosity = int(args.verbose) + int(getattr(args, "sub_verbose", 0) or 0)
+    configure(args.verbosity)
+    return run_command(args)
 
 
 def entry() -> None:

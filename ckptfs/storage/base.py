@@ -24,11 +24,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, ClassVar
 
+from ckptfs.format.keys import TEMP_MARKER as TEMP_MARKER
 from ckptfs.storage.redact import redact_options, redact_url
 
 logger = logging.getLogger(__name__)
 
-TEMP_MARKER = ".tmp-"
 COPY_CHUNK = 1024 * 1024
 Keys = list[str]  # spelled once here: inside classes, `list` is the method
 
@@ -80,6 +80,36 @@ class Storage(ABC):
 
     Any failure to reach the backend at all (bad URL, missing bucket, refused credentials,
     connection refused) raises ``StorageUnavailableError`` naming the redacted URL.
+
+    Names that are not objects (file-system backends)
+    --------------------------------------------------
+    Objects are regular files inside the root; links below the root are never followed, for
+    a read, a write or a delete (the root itself may be a link). On local disk:
+
+    list / list_dirs
+        ``list`` reports every entry that is not a directory, links (even dangling) and special
+        files (FIFOs, sockets, devices) included, so ``verify`` can name them; it never descends
+        into a link. A reported name that is not a regular file is *not ours*: reading it
+        raises ``UnreadableFileError``. ``list_dirs`` reports real directories only, so a link
+        under ``runs/`` is no run (verify reports it as a stray key).
+    get / get_with_etag / open_read / size / exists
+        Only a regular file is read (opened without following a link, without blocking on a
+        FIFO, at most the size it had when opened); anything else, a key reached through a
+        link, or a file the system will not let us read (permission) raises
+        ``UnreadableFileError`` naming the key. It is a ``CorruptFileError``: loads, summaries,
+        verify and prune already skip such a file with a warning and fall back. A directory
+        at the key is absent (``FileNotFoundError``).
+    modified
+        The entry's own time (lstat), whatever it is, so retention can age out what it skips.
+    put / put_if_absent / put_if_match / put_stream / touch
+        Temp file, rename and fsync relative to the directory's fd: a link at the key is
+        replaced (put) or counts as present (put_if_absent), never written through. A key whose
+        directory is a link, or a store this user cannot write (read-only directory or
+        filesystem), raises ``StoreNotWritableError`` (a ``StorageUnavailableError`` and a
+        ``PermissionError``) naming the store and the key. Reading such a store still works.
+    delete
+        Unlinks the entry itself (a link, never its target). A key reached through a link, or
+        a directory at the key, is left alone (logged): absent is not an error.
     """
 
     capabilities: ClassVar[Capabilities]

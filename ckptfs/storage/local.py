@@ -8,12 +8,12 @@ import ctypes.util
 import errno
 import logging
 import os
-import threading
+import stat
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
-from ckptfs.errors import StorageUnavailableError
+from ckptfs.errors import StorageUnavailableError, StoreNotWritableError, UnreadableFileError
 from ckptfs.storage.base import TEMP_MARKER, Capabilities, Keys, PreconditionFailed, Storage, check_key
 
 logger = logging.getLogger(__name__)
@@ -53,9 +53,21 @@ def fsync_dir(d: str, enabled: bool = True) -> None:
         os.close(fd)
 
 
-def make_dirs(d: str, fsync: bool = True) -> None:
+def make_dirs(d: str, fsync: bool = True, *, root: str | None = None) -> None:
     """Create `d` and missing parents, each made durable by an fsync of its own parent: a file
-    fsync'd inside a directory whose own entry was never synced can vanish in a crash."""
+    fsync'd inside a directory whose own entry was never synced can vanish in a crash.
+
+    With `root`, `d` must lie inside it and everything below `root` is created and walked with
+    `open_dir_beneath` (no link below the root is followed: `LinkRefused` instead). Without it,
+    the path is taken as the user gave it, links included: that is for a store's root itself.
+    """
+    if root is not None:
+        rel = os.path.relpath(d, root)
+        parts = [] if rel == "." else rel.split(os.sep)
+        if parts and parts[0] == os.pardir:
+            raise ValueError(f"{d!r} is not inside {root!r}")
+        os.close(open_dir_beneath(root, parts, create=True, fsync=fsync))
+        return
     missing = []
     cur = d
     while not os.path.isdir(cur):
@@ -70,6 +82,162 @@ def make_dirs(d: str, fsync: bool = True) -> None:
         fsync_dir(os.path.dirname(m), fsync)
 
 
+# ------------------------------------------------------------------- never out of the root
+#
+# Every operation below the store root goes through a directory fd: the root is opened by
+# its path (it may itself be a link: /var/lib/agent -> /data/agent is common and fine), then
+# each key component with openat(O_DIRECTORY | O_NOFOLLOW) from its parent's fd, and the last
+# one with O_NOFOLLOW too. A link anywhere below the root therefore stops the walk instead of
+# leading out of the store, and no check-then-use window lets a link slip in between a check
+# and the open: the kernel refuses the link at the moment of the open.
+
+_ROOT_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# O_NONBLOCK: a FIFO opens at once instead of waiting forever for a writer (fstat then refuses
+# it); O_NOCTTY: a terminal device never becomes our controlling terminal. Neither changes how
+# a regular file reads.
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_REFUSED = (errno.ELOOP, errno.ENOTDIR)  # what O_NOFOLLOW / O_DIRECTORY say of a link or a file
+_DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
+_MAX_DEPTH = 64  # far deeper than any layout of ours; bounds the fds a hostile tree can cost
+
+
+class LinkRefused(Exception):
+    """A component below the store root is a symbolic link, or not a directory: not followed.
+
+    `where` is that component's path relative to the root, `mode` its lstat mode (None when it
+    could not be told), `reason` a sentence for messages. Not an OSError on purpose, so no
+    `except OSError` written for ordinary failures swallows it; LocalStorage maps it to a domain
+    error (UnreadableFileError for reads, StoreNotWritableError for writes).
+    """
+
+    def __init__(self, where: str, mode: int | None) -> None:
+        self.where = where
+        self.mode = mode
+        self.reason = (f"{where!r} is {entry_kind(mode)}, and links below the store root are "
+                       "never followed" if mode is None or stat.S_ISLNK(mode)
+                       else f"{where!r} is {entry_kind(mode)}, not a directory")
+        super().__init__(self.reason)
+
+
+def entry_kind(mode: int | None) -> str:
+    """What a directory entry is, in words, for messages ("a symbolic link", "a FIFO", ...)."""
+    if mode is None:
+        return "a symbolic link or not a directory"
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def _lstat_mode(dir_fd: int, name: str) -> int | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    except OSError:
+        return None
+
+
+def _open_child_dir(dir_fd: int, name: str, where: str, create: bool, fsync: bool) -> int:
+    """openat(name, O_DIRECTORY|O_NOFOLLOW); with `create`, mkdirat it first if missing (and fsync
+    the parent, so the new entry survives a crash as the file later put in it must)."""
+    for attempt in (0, 1):
+        try:
+            return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        except FileNotFoundError:
+            if not create or attempt:
+                raise
+        except OSError as exc:
+            if exc.errno in _REFUSED:
+                raise LinkRefused(where, _lstat_mode(dir_fd, name)) from None
+            raise
+        try:
+            os.mkdir(name, 0o777, dir_fd=dir_fd)  # mkdirat never follows a link: EEXIST on one
+        except FileExistsError:
+            pass  # a concurrent creator (fine), or a link, which the open then refuses
+        else:
+            if fsync:
+                os.fsync(dir_fd)
+    raise AssertionError("unreachable")
+
+
+def open_dir_beneath(root: str, parts: Sequence[str], *, create: bool = False,
+                     fsync: bool = True) -> int:
+    """An O_DIRECTORY fd of `root/parts...`, reached one component at a time from an fd of the
+    root, never through a link below it; the caller closes it.
+
+    FileNotFoundError when a component is missing (unless `create`: then it is made, durably),
+    LinkRefused when one is a link or not a directory. The root itself is opened by its path
+    (created with `make_dirs` when missing and `create`): links there are the user's choice.
+    """
+    try:
+        fd = os.open(root, _ROOT_FLAGS)
+    except FileNotFoundError:
+        if not create:
+            raise
+        make_dirs(root, fsync)
+        fd = os.open(root, _ROOT_FLAGS)
+    try:
+        for i, name in enumerate(parts):
+            nfd = _open_child_dir(fd, name, "/".join(parts[: i + 1]), create, fsync)
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_regular(dir_fd: int, name: str) -> tuple[int, os.stat_result]:
+    """Open `name` in `dir_fd` for reading and return (fd, fstat) only if it is a regular file.
+
+    The open never follows a link (ELOOP) and never blocks on a FIFO; the fstat of what was
+    opened (not a stat of the name before: no window for a swap) decides. Anything else is
+    closed again and refused with `NotRegular`; the caller closes the fd it gets.
+    """
+    fd = os.open(name, READ_FLAGS, dir_fd=dir_fd)
+    try:
+        st = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise NotRegular(st.st_mode)
+    return fd, st
+
+
+class NotRegular(Exception):
+    """`open_regular` found something else than a regular file (see `mode`)."""
+
+    def __init__(self, mode: int) -> None:
+        self.mode = mode
+        super().__init__(f"{entry_kind(mode)}, not a regular file")
+
+
+def read_bounded(fd: int, size: int) -> bytes:
+    """At most `size + 1` bytes from `fd`: what fstat said, plus one to notice growth.
+
+    Bounded whatever the file is, so a name that grows while we read (not one of our files,
+    which are immutable once named) can never make a read unbounded.
+    """
+    want = size + 1
+    chunks: list[bytes] = []
+    got = 0
+    while got < want:
+        chunk = os.read(fd, want - got)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+_Stack = list[tuple[int, Iterator[str], str]]  # spelled here: inside the class, `list` is a method
+
+
 class LocalStorage(Storage):
     """Local disk with real durability: fsync the file and its directory before returning.
 
@@ -79,6 +247,14 @@ class LocalStorage(Storage):
     `.<name>.tmp-<random>`; `ckptfs verify` reports any a crash leaves behind.
     Compare-and-swap holds an `flock` on the directory, so it is atomic only among ckptfs
     writers (documented in backends/local/README.md).
+
+    Only regular files inside the root are read or written (DESIGN.md). Every operation walks
+    the key from an fd of the root with openat(O_NOFOLLOW) (`open_dir_beneath`), and creates,
+    renames, unlinks and fsyncs relative to the directory's fd, so a link below the root is
+    never followed for a read, a write or a delete, and nothing stays cached that a removed or
+    replaced directory could make stale (a walk costs a few microseconds beside a commit's
+    fsyncs; see the Storage contract for what each operation does with links and special files).
+    The root itself may be a link; it is opened by its path each time.
     """
 
     capabilities = Capabilities(
@@ -89,70 +265,180 @@ class LocalStorage(Storage):
         super().__init__(url, options)
         self.root = os.path.abspath(root)
         self.fsync = bool(self.options.get("fsync", True))
-        self._dirs: set[str] = set()
-        self._lock = threading.Lock()
         self._use_renameat2 = _RENAMEAT2 is not None
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *check_key(key).split("/"))
 
+    @staticmethod
+    def _split(key: str) -> tuple[list[str], str]:
+        parts = check_key(key).split("/")
+        return parts[:-1], parts[-1]
+
     def local_path(self, key: str) -> str:
-        """The file a key is stored in (for layers that manage their own files, e.g. logstore)."""
+        """The file a key is stored in (for layers that manage their own files, e.g. logstore).
+
+        The directories on the way that exist are checked now to be real directories, so the
+        path handed out does not lead out of the store through a link (UnreadableFileError if
+        one does); such layers open the file itself with O_NOFOLLOW and create directories
+        with `make_dirs(..., root=storage.root)`.
+        """
+        dirs, _name = self._split(key)
+        try:
+            os.close(open_dir_beneath(self.root, dirs))
+        except LinkRefused as exc:
+            raise UnreadableFileError(key, exc.reason) from None
+        except OSError:
+            pass  # not there yet (made later, beneath the root) or not ours to judge: the open says
         return self._path(key)
 
-    def _ensure_dir(self, d: str) -> None:
-        if d not in self._dirs:
-            make_dirs(d, self.fsync)
-            self._dirs.add(d)
+    # ------------------------------------------------------------------ errors, in words
 
-    def _fsync_dir(self, d: str) -> None:
-        fsync_dir(d, self.fsync)
+    def _not_writable(self, key: str, why: str) -> StoreNotWritableError:
+        return StoreNotWritableError(f"{self.display_url}: cannot write {key}: {why}")
+
+    def _write_error(self, key: str, exc: OSError | LinkRefused) -> Exception:
+        """The domain error for a failed write: a read-only store or a link is one clear line."""
+        if isinstance(exc, LinkRefused):
+            return self._not_writable(key, exc.reason)
+        if exc.errno in _DENIED:
+            return self._not_writable(key, f"{exc.strerror} (a read-only store or filesystem, or "
+                                           "not this user's?)")
+        if exc.errno == errno.EISDIR:
+            return self._not_writable(key, "a directory is in the way")
+        if exc.errno == errno.ENOTDIR:
+            return StorageUnavailableError(f"{self.display_url}: {exc.strerror}: {exc.filename or key}")
+        return exc
+
+    def _read_error(self, key: str, exc: OSError | LinkRefused | NotRegular, dir_fd: int = -1,
+                    name: str = "") -> Exception:
+        """The error for a failed read: absent stays FileNotFoundError; whatever we must not
+        or cannot read becomes UnreadableFileError (a CorruptFileError: skipped, with a warning)."""
+        if isinstance(exc, LinkRefused):
+            return UnreadableFileError(key, f"not read: {exc.reason}")
+        if isinstance(exc, NotRegular):
+            if stat.S_ISDIR(exc.mode):
+                return FileNotFoundError(errno.ENOENT, "a directory, not an object", key)
+            return UnreadableFileError(key, f"not read: it is {entry_kind(exc.mode)}; only regular "
+                                            "files are read")
+        if isinstance(exc, FileNotFoundError):
+            return FileNotFoundError(errno.ENOENT, "no such object", key)
+        if exc.errno == errno.ELOOP:
+            return UnreadableFileError(key, "not read: it is a symbolic link, and links below the "
+                                            "store root are never followed")
+        if exc.errno in _DENIED:
+            return UnreadableFileError(key, f"cannot be read: {exc.strerror}")
+        if exc.errno in (errno.ENXIO, errno.ENODEV, errno.EOPNOTSUPP):
+            mode = _lstat_mode(dir_fd, name) if dir_fd >= 0 else None
+            what = entry_kind(mode) if mode else "a special file"
+            return UnreadableFileError(key, f"not read: it is {what}")
+        return exc
+
+    # ------------------------------------------------------------------------ walking
+
+    def _dir_for_read(self, key: str) -> tuple[int, str]:
+        """The fd of the key's directory (the caller closes it) and the file's name."""
+        dirs, name = self._split(key)
+        try:
+            return open_dir_beneath(self.root, dirs), name
+        except (OSError, LinkRefused) as exc:
+            raise self._read_error(key, exc) from None
+
+    def _dir_for_write(self, key: str) -> tuple[int, str]:
+        """The fd of the key's directory, created (durably) beneath the root if missing."""
+        dirs, name = self._split(key)
+        try:
+            return open_dir_beneath(self.root, dirs, create=True, fsync=self.fsync), name
+        except (OSError, LinkRefused) as exc:
+            raise self._write_error(key, exc) from None
+
+    def _open_read(self, key: str) -> tuple[int, os.stat_result]:
+        """(fd, fstat) of the regular file at `key`; every refusal mapped (see `_read_error`)."""
+        dfd, name = self._dir_for_read(key)
+        try:
+            return open_regular(dfd, name)
+        except (OSError, NotRegular) as exc:
+            raise self._read_error(key, exc, dfd, name) from None
+        finally:
+            os.close(dfd)
+
+    def _lstat(self, key: str) -> os.stat_result:
+        """The entry at `key` itself (a link is not followed); a directory counts as absent."""
+        dfd, name = self._dir_for_read(key)
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except OSError as exc:
+            raise self._read_error(key, exc) from None
+        finally:
+            os.close(dfd)
+        if stat.S_ISDIR(st.st_mode):
+            raise FileNotFoundError(errno.ENOENT, "a directory, not an object", key)
+        return st
+
+    # ------------------------------------------------------------------------ writing
+
+    def _fsync_fd(self, dir_fd: int) -> None:
+        if self.fsync:
+            os.fsync(dir_fd)
 
     def _etag(self, st: os.stat_result) -> str:
         return f"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"
 
-    def _write_temp(self, path: str, writer: Any) -> str:
-        d, name = os.path.split(path)
+    def _write_temp(self, dir_fd: int, name: str, key: str, writer: Any) -> tuple[str, str]:
+        """Write a temp file beside `name` (in `dir_fd`), fsync it; return (its name, its etag).
+
+        The etag comes from fstat of what we wrote, before it is published: a rename keeps the
+        inode and times, and once published another process may already have replaced or
+        deleted it (retention of a shared run), which must not fail a write that succeeded.
+        """
+        tmp = f".{name}{TEMP_MARKER}{uuid.uuid4().hex[:12]}"
         try:
-            self._ensure_dir(d)
-        except NotADirectoryError as exc:
-            raise StorageUnavailableError(f"{self.display_url}: {exc}") from None
-        tmp = os.path.join(d, f".{name}{TEMP_MARKER}{uuid.uuid4().hex[:12]}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o644, dir_fd=dir_fd)
+        except OSError as exc:
+            raise self._write_error(key, exc) from None
         try:
             with os.fdopen(fd, "wb", closefd=True) as f:
                 writer(f)
                 f.flush()
                 if self.fsync:
                     os.fsync(f.fileno())
+                etag = self._etag(os.fstat(f.fileno()))
         except BaseException:
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
+                os.unlink(tmp, dir_fd=dir_fd)
             raise
-        return tmp
+        return tmp, etag
 
-    def _commit(self, tmp: str, path: str, exclusive: bool) -> None:
+    def _commit(self, dir_fd: int, tmp: str, name: str, key: str, exclusive: bool) -> None:
+        """Publish `tmp` as `name`, both in `dir_fd`; then fsync the directory.
+
+        renameat/linkat replace or create the entry itself: a link already at `name` is
+        replaced (overwrite) or counts as taken (exclusive), never written through.
+        """
         try:
             if not exclusive:
-                os.replace(tmp, path)
+                os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             elif self._use_renameat2:
-                rc = _RENAMEAT2(_AT_FDCWD, os.fsencode(tmp), _AT_FDCWD, os.fsencode(path),
+                rc = _RENAMEAT2(dir_fd, os.fsencode(tmp), dir_fd, os.fsencode(name),
                                 _RENAME_NOREPLACE)
                 if rc != 0:
                     err = ctypes.get_errno()
                     if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
                         self._use_renameat2 = False  # filesystem lacks it: link from now on
-                        self._commit(tmp, path, exclusive)
+                        self._commit(dir_fd, tmp, name, key, exclusive)
                         return
-                    raise OSError(err, os.strerror(err), path)
+                    raise OSError(err, os.strerror(err), key)
             else:
-                os.link(tmp, path)
-                os.unlink(tmp)
-        except BaseException:
+                os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+                os.unlink(tmp, dir_fd=dir_fd)
+        except BaseException as exc:
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
+                os.unlink(tmp, dir_fd=dir_fd)
+            if isinstance(exc, OSError) and not isinstance(exc, FileExistsError):
+                raise self._write_error(key, exc) from None
             raise
-        self._fsync_dir(os.path.dirname(path))
+        self._fsync_fd(dir_fd)
 
     def _write_all(self, f: IO[bytes], data: bytes) -> None:
         """Write; a large body is flushed to disk 1 MiB at a time as it goes.
@@ -172,92 +458,42 @@ class LocalStorage(Storage):
             os.fdatasync(f.fileno())
 
     def put(self, key: str, data: bytes) -> str:
-        return self._put(key, data, exclusive=False)
+        return self._put(key, lambda f: self._write_all(f, data), exclusive=False)
 
     def put_if_absent(self, key: str, data: bytes) -> str:
-        return self._put(key, data, exclusive=True)
+        return self._put(key, lambda f: self._write_all(f, data), exclusive=True)
 
-    def _put(self, key: str, data: bytes, exclusive: bool) -> str:
-        path = self._path(key)
-        tmp = self._write_temp(path, lambda f: self._write_all(f, data))
-        # The etag of what we wrote, taken before it is published: a rename keeps the inode
-        # and times, and once published another process may already have replaced or deleted
-        # it (retention of a shared run), which must not fail a write that succeeded.
-        etag = self._etag(os.stat(tmp))
-        self._commit(tmp, path, exclusive=exclusive)
+    def _put(self, key: str, writer: Any, exclusive: bool) -> str:
+        dfd, name = self._dir_for_write(key)
+        try:
+            tmp, etag = self._write_temp(dfd, name, key, writer)
+            self._commit(dfd, tmp, name, key, exclusive=exclusive)
+        finally:
+            os.close(dfd)
         return etag
 
     def put_if_match(self, key: str, data: bytes, etag: str) -> str:
         import fcntl
 
-        path = self._path(key)
-        tmp = self._write_temp(path, lambda f: f.write(data))
-        dfd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+        dfd, name = self._dir_for_write(key)
         try:
-            fcntl.flock(dfd, fcntl.LOCK_EX)
+            tmp, _ = self._write_temp(dfd, name, key, lambda f: f.write(data))
+            fcntl.flock(dfd, fcntl.LOCK_EX)  # released when dfd is closed
             try:
-                current = self._etag(os.stat(path))
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
             except FileNotFoundError:
-                os.unlink(tmp)
-                raise
-            if current != etag:
-                os.unlink(tmp)
+                os.unlink(tmp, dir_fd=dfd)
+                raise FileNotFoundError(errno.ENOENT, "no such object", key) from None
+            current = self._etag(st)
+            if current != etag or not stat.S_ISREG(st.st_mode):
+                os.unlink(tmp, dir_fd=dfd)
                 raise PreconditionFailed(f"{key}: etag is {current}, expected {etag}")
-            self._commit(tmp, path, exclusive=False)
-            return self._etag(os.stat(path))
+            self._commit(dfd, tmp, name, key, exclusive=False)
+            return self._etag(os.stat(name, dir_fd=dfd, follow_symlinks=False))
         finally:
-            os.close(dfd)  # closing releases the flock
-
-    def get_with_etag(self, key: str) -> tuple[bytes, str]:
-        path = self._path(key)
-        try:
-            with open(path, "rb") as f:
-                st = os.fstat(f.fileno())
-                return f.read(), self._etag(st)
-        except IsADirectoryError:
-            raise FileNotFoundError(key) from None
-
-    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
-        base = self.root if not prefix else os.path.join(self.root, *prefix.rstrip("/").split("/"))
-        out: list[str] = []
-        if os.path.isfile(base):
-            return [prefix]
-        for dirpath, _dirnames, filenames in os.walk(base):
-            rel = os.path.relpath(dirpath, self.root)
-            rel = "" if rel == "." else rel.replace(os.sep, "/") + "/"
-            out.extend(rel + name for name in filenames)
-        out.sort()
-        if start_after is not None:
-            out = [k for k in out if k > start_after]
-        return out
-
-    def list_dirs(self, prefix: str) -> Keys:
-        base = os.path.join(self.root, *prefix.rstrip("/").split("/")) if prefix else self.root
-        if not os.path.isdir(self.root):
-            return []
-        try:
-            return sorted(e.name for e in os.scandir(base) if e.is_dir())
-        except FileNotFoundError:
-            return []
-
-    def delete(self, key: str) -> None:
-        path = self._path(key)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-            self._fsync_dir(os.path.dirname(path))
-
-    def size(self, key: str) -> int:
-        return os.stat(self._path(key)).st_size
-
-    def modified(self, key: str) -> float:
-        return os.stat(self._path(key)).st_mtime
-
-    def touch(self, key: str) -> None:
-        os.utime(self._path(key))
+            os.close(dfd)
 
     def put_stream(self, key: str, src: IO[bytes], exclusive: bool = False) -> None:
-        path = self._path(key)
-
         def copy(f: IO[bytes]) -> None:
             while chunk := src.read(_FLUSH_STEP):
                 self._write_all(f, chunk)
@@ -265,19 +501,205 @@ class LocalStorage(Storage):
                     f.flush()
                     os.fdatasync(f.fileno())  # bounded flushes, as in _write_all
 
-        self._commit(self._write_temp(path, copy), path, exclusive=exclusive)
+        self._put(key, copy, exclusive=exclusive)
+
+    def delete(self, key: str) -> None:
+        """Unlink the entry itself (unlinkat: a link is removed, never what it points at).
+
+        A key reached through a link below the root is not in this store: nothing is deleted
+        (logged). A directory at the key is no object: left alone (logged).
+        """
+        dirs, name = self._split(key)
+        try:
+            dfd = open_dir_beneath(self.root, dirs)
+        except FileNotFoundError:
+            return
+        except LinkRefused as exc:
+            logger.warning("%s: not deleting %s: %s", self.display_url, key, exc.reason)
+            return
+        except OSError as exc:
+            raise self._write_error(key, exc) from None
+        try:
+            try:
+                os.unlink(name, dir_fd=dfd)
+            except FileNotFoundError:
+                return
+            except IsADirectoryError:
+                logger.warning("%s: not deleting %s: it is a directory", self.display_url, key)
+                return
+            except OSError as exc:
+                if exc.errno == errno.EPERM and stat.S_ISDIR(_lstat_mode(dfd, name) or 0):
+                    logger.warning("%s: not deleting %s: it is a directory", self.display_url, key)
+                    return
+                raise self._write_error(key, exc) from None
+            self._fsync_fd(dfd)
+        finally:
+            os.close(dfd)
+
+    def touch(self, key: str) -> None:
+        dfd, name = self._dir_for_read(key)
+        try:
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except OSError as exc:
+                raise self._read_error(key, exc) from None
+            if not stat.S_ISREG(st.st_mode):
+                raise self._read_error(key, NotRegular(st.st_mode))
+            try:
+                os.utime(name, dir_fd=dfd, follow_symlinks=False)
+            except OSError as exc:
+                raise self._write_error(key, exc) from None
+        finally:
+            os.close(dfd)
+
+    # ------------------------------------------------------------------------ reading
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        fd, st = self._open_read(key)
+        try:
+            data = read_bounded(fd, st.st_size)
+        finally:
+            os.close(fd)
+        if len(data) > st.st_size:
+            raise UnreadableFileError(key, f"grew past the {st.st_size} bytes it had when opened "
+                                           "(our files never change once named)")
+        return data, self._etag(st)
 
     def open_read(self, key: str) -> IO[bytes]:
-        return open(self._path(key), "rb")
+        fd, _st = self._open_read(key)
+        return os.fdopen(fd, "rb")
+
+    def size(self, key: str) -> int:
+        """Size of the regular file at `key`; UnreadableFileError for any other entry (as `get`)."""
+        st = self._lstat(key)
+        if not stat.S_ISREG(st.st_mode):
+            raise self._read_error(key, NotRegular(st.st_mode))
+        return st.st_size
+
+    def modified(self, key: str) -> float:
+        """The entry's own modification time, whatever it is (lstat: a link is not followed),
+        so retention can age out entries it will not read."""
+        return self._lstat(key).st_mtime
+
+    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
+        """Sorted keys under `prefix`: every entry that is not a directory (links and special
+        files included, so verify can report them), descending only into real directories."""
+        stripped = prefix.rstrip("/")
+        parts = check_key(stripped).split("/") if stripped else []
+        try:
+            fd = open_dir_beneath(self.root, parts)
+        except FileNotFoundError:
+            return []
+        except LinkRefused as exc:
+            # the prefix itself is a file (it lists as itself, as a key would) or a link (which
+            # lists as itself only where its parent is listed: it is no directory of ours)
+            if exc.where == stripped and not prefix.endswith("/") and exc.mode is not None \
+                    and stat.S_ISREG(exc.mode):
+                return [prefix]
+            return []
+        except PermissionError as exc:
+            raise StorageUnavailableError(f"{self.display_url}: cannot list {prefix!r}: "
+                                          f"{exc.strerror}") from None
+        except NotADirectoryError:
+            raise StorageUnavailableError(f"{self.display_url}: not a directory") from None
+        out: list[str] = []
+        self._walk(fd, stripped + "/" if stripped else "", out)
+        out.sort()
+        if start_after is not None:
+            out = [k for k in out if k > start_after]
+        return out
+
+    def _scan(self, fd: int, rel: str, out: Keys) -> Keys:
+        """Append the non-directory entries of `fd` to `out`; return its subdirectories' names."""
+        subdirs: Keys = []
+        with os.scandir(fd) as it:
+            for e in it:
+                try:
+                    is_dir = e.is_dir(follow_symlinks=False)
+                except OSError:
+                    is_dir = False
+                if is_dir:
+                    subdirs.append(e.name)
+                else:
+                    out.append(rel + e.name)
+        return subdirs
+
+    def _walk(self, top: int, top_rel: str, out: Keys) -> None:
+        """Depth-first below `top` (closed here), one open fd per level, without recursion."""
+        stack: _Stack = []
+        try:
+            subdirs = self._scan(top, top_rel, out)
+        except BaseException:
+            os.close(top)
+            raise
+        stack.append((top, iter(subdirs), top_rel))
+        try:
+            while stack:
+                fd, names, rel = stack[-1]
+                name = next(names, None)
+                if name is None:
+                    stack.pop()
+                    os.close(fd)
+                    continue
+                try:
+                    sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    continue  # removed since the scan
+                except OSError as exc:
+                    if exc.errno in _REFUSED:
+                        out.append(rel + name)  # turned into a link or a file since the scan
+                    else:
+                        logger.warning("%s: cannot list %s%s/: %s", self.display_url, rel, name,
+                                       exc.strerror)
+                    continue
+                if len(stack) >= _MAX_DEPTH:
+                    os.close(sub)
+                    logger.warning("%s: not listing below %s%s/: deeper than %d levels",
+                                   self.display_url, rel, name, _MAX_DEPTH)
+                    continue
+                try:
+                    subdirs = self._scan(sub, f"{rel}{name}/", out)
+                except BaseException:
+                    os.close(sub)
+                    raise
+                stack.append((sub, iter(subdirs), f"{rel}{name}/"))
+        finally:
+            for fd, _names, _rel in stack:
+                os.close(fd)
+
+    def list_dirs(self, prefix: str) -> Keys:
+        """Real directories directly under `prefix`; a link to a directory is none of ours."""
+        stripped = prefix.rstrip("/")
+        try:
+            fd = open_dir_beneath(self.root, check_key(stripped).split("/") if stripped else [])
+        except (FileNotFoundError, NotADirectoryError, LinkRefused):
+            return []
+        except PermissionError as exc:
+            raise StorageUnavailableError(f"{self.display_url}: cannot list {prefix!r}: "
+                                          f"{exc.strerror}") from None
+        try:
+            with os.scandir(fd) as it:
+                return sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
+        finally:
+            os.close(fd)
 
     def check(self) -> None:
-        if os.path.exists(self.root) and not os.path.isdir(self.root):
-            raise StorageUnavailableError(f"{self.display_url}: not a directory")
+        """The root is a directory this user can read; a store that does not exist yet needs a
+        writable parent to be created in. Writing is not required: reading (verify, runs,
+        show, a restore's source) works on a read-only store, and a write there fails with
+        StoreNotWritableError naming the store and the key."""
+        if os.path.exists(self.root):
+            if not os.path.isdir(self.root):
+                raise StorageUnavailableError(f"{self.display_url}: not a directory")
+            if not os.access(self.root, os.R_OK | os.X_OK):
+                raise StorageUnavailableError(f"{self.display_url}: no read permission on {self.root}")
+            return
         parent = self.root
         while not os.path.exists(parent):
             parent = os.path.dirname(parent)
         if not os.access(parent, os.W_OK | os.X_OK):
-            raise StorageUnavailableError(f"{self.display_url}: no write permission on {parent}")
+            raise StorageUnavailableError(f"{self.display_url}: does not exist, and there is no "
+                                          f"write permission on {parent} to create it")
 
 
 # --------------------------------------------------------------------------------- fsspec

@@ -33,18 +33,20 @@ to rebuild from the full new record list.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
+import stat
 import struct
 import threading
 import uuid
 import zlib
 from collections.abc import Iterator, Sequence
 
-from ckptfs.errors import CorruptFileError
+from ckptfs.errors import CorruptFileError, StoreNotWritableError, UnreadableFileError
 from ckptfs.storage.base import TEMP_MARKER
-from ckptfs.storage.local import fsync_dir, make_dirs
+from ckptfs.storage.local import READ_FLAGS, LinkRefused, entry_kind, fsync_dir, make_dirs
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +58,34 @@ MAX_PAYLOAD = 0xFFFFFFFF
 _READ_AHEAD = 16 * 1024  # one pread serves a small record's header and payload together
 
 Record = tuple[int, bytes]  # (offset of the record's header, payload)
+# the write fd: O_NOFOLLOW refuses a link at the log's name, O_NONBLOCK a FIFO's wait
+_WRITE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def open_log(path: str, flags: int = READ_FLAGS, mode: int = 0o644) -> int:
+    """Open a log file, never through a link at its name, and only if it is a regular file.
+
+    Only regular files inside the store are read or written (DESIGN.md): a link planted at a
+    log's name is refused instead of followed (ELOOP), a FIFO opens without waiting and is then
+    refused by the fstat of what was opened, so nothing can hang a reader or make it read
+    without bound. Both are UnreadableFileError (a CorruptFileError, named by the path).
+    """
+    try:
+        fd = os.open(path, flags, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnreadableFileError(path, "is a symbolic link; links in a store are never "
+                                            "followed") from None
+        raise
+    try:
+        st = os.fstat(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UnreadableFileError(path, f"is {entry_kind(st.st_mode)}, not a regular file")
+    return fd
 _Ident = tuple[int, int]  # (st_dev, st_ino): a replaced file has another one
 
 
@@ -106,9 +136,12 @@ class RecordLog:
     exclude threads that share one open file.
     """
 
-    def __init__(self, path: str, *, fsync: bool = True) -> None:
+    def __init__(self, path: str, *, fsync: bool = True, root: str | None = None) -> None:
         self.path = os.path.abspath(path)
         self.fsync = fsync
+        # the store root the log lives in: its directories are made beneath it, never through
+        # a link (LogStorage passes it; a bare RecordLog takes its path as given)
+        self.root = root
         self.damaged: list[tuple[int, str]] = []
         self._lock = threading.RLock()  # view state and locked() sessions
         self._fd_lock = threading.Lock()  # only around swapping or using _fd, so reads stay short
@@ -144,7 +177,7 @@ class RecordLog:
         with self._lock:
             self._check_open()
             try:
-                st = os.stat(self.path)
+                st = os.lstat(self.path)  # a link has its own inode: open_log then refuses it
             except FileNotFoundError:
                 return self._deliver(self._lose_file(), [])
             ident = (st.st_dev, st.st_ino)
@@ -153,7 +186,7 @@ class RecordLog:
             replaced = False
             if ident != self._ident:
                 try:
-                    fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                    fd = open_log(self.path)
                 except FileNotFoundError:
                     return self._deliver(self._lose_file(), [])
                 fst = os.fstat(fd)
@@ -178,7 +211,7 @@ class RecordLog:
         with self._fd_lock:
             if self._fd is not None:
                 return self._read_at(self._fd, offset)
-        fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)  # nothing in view yet: the file as it is
+        fd = open_log(self.path)  # nothing in view yet: the file as it is
         try:
             return self._read_at(fd, offset)
         finally:
@@ -363,7 +396,11 @@ class RecordLog:
     def _ensure_dir(self) -> None:
         """Create missing parents, each made durable by an fsync of its own parent."""
         if not self._dir_ready:
-            make_dirs(os.path.dirname(self.path), self.fsync)
+            try:
+                make_dirs(os.path.dirname(self.path), self.fsync, root=self.root)
+            except LinkRefused as exc:
+                raise StoreNotWritableError(f"{self.path}: cannot create its directory: "
+                                            f"{exc.reason}") from None
             self._dir_ready = True
 
     def _acquire(self) -> tuple[int, int]:
@@ -373,7 +410,7 @@ class RecordLog:
                 self._drop_wfd()  # the parent's description: closing our copy leaves its lock be
             if self._wfd is None:
                 try:
-                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                    fd = open_log(self.path, _WRITE_FLAGS)
                 except FileNotFoundError:  # our directory was removed since we made it
                     self._dir_ready = False
                     self._ensure_dir()
@@ -384,7 +421,7 @@ class RecordLog:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 try:
-                    st = os.stat(self.path)
+                    st = os.lstat(self.path)
                 except FileNotFoundError:
                     st = None
             except BaseException:
@@ -572,7 +609,7 @@ def _next_valid(raw: bytes, buf: memoryview, pos: int) -> int:
 
 def _open_view(path: str, ident: _Ident) -> int:
     """A separate read fd for the view, so that it never carries the write fd's lock."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = open_log(path)
     fst = os.fstat(fd)
     if (fst.st_dev, fst.st_ino) != ident:
         os.close(fd)

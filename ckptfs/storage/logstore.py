@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import os
 import struct
 import threading
 from collections import OrderedDict
@@ -32,7 +33,7 @@ import xxhash
 from ckptfs.errors import CorruptFileError
 from ckptfs.storage.base import TEMP_MARKER, Capabilities, Keys, PreconditionFailed, Storage, check_key
 from ckptfs.storage.local import LocalStorage
-from ckptfs.storage.logfile import HEADER_SIZE, RecordLog
+from ckptfs.storage.logfile import HEADER_SIZE, RecordLog, open_log
 
 logger = logging.getLogger(__name__)
 
@@ -140,9 +141,11 @@ class _Group:
 def _damaged_key(path: str, offset: int, group: str) -> str | None:
     """The key a damaged record was for, if its first bytes are still a plausible key of `group`."""
     try:
-        with open(path, "rb") as f:
-            f.seek(offset + HEADER_SIZE)
-            head = f.read(3 + 65535)
+        fd = open_log(path)  # never through a link, never a FIFO
+        try:
+            head = os.pread(fd, 3 + 65535, offset + HEADER_SIZE)
+        finally:
+            os.close(fd)
         _op, key, _start = _parse(head, path)
     except (OSError, CorruptFileError, struct.error):
         return None
@@ -179,7 +182,8 @@ class LogStorage(Storage):
                 g = self._groups.get(group)
                 if g is None:
                     path = self.inner.local_path(group + LOG_NAME)
-                    g = self._groups[group] = _Group(RecordLog(path, fsync=self.inner.fsync), group)
+                    g = self._groups[group] = _Group(
+                        RecordLog(path, fsync=self.inner.fsync, root=self.inner.root), group)
                     # checked once: a put then skips two syscalls for files that cannot be there
                     g.loose = any(not self._is_log_file(k) for k in self.inner.list(group))
                     self._evict()

@@ -7,12 +7,12 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from ckptfs.errors import ConfigError
+from ckptfs.errors import ConfigError, StorageUnavailableError
 from ckptfs.storage.base import Storage
 from ckptfs.storage.generic import FsspecStorage
 from ckptfs.storage.local import LocalStorage
 from ckptfs.storage.memory import MemoryStorage
-from ckptfs.storage.redact import redact_url
+from ckptfs.storage.redact import redact_url, scrub_secrets
 from ckptfs.storage.s3 import S3Storage
 
 _INSTALL_HINTS = {"gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs"}
@@ -55,3 +55,22 @@ def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> 
         raise ConfigError(f"{shown}: {scheme}:// needs an extra package: pip install {hint}") from None
     root = fs._strip_protocol(url)
     return FsspecStorage(url, fs, root, opts)
+
+
+def open_target(target: str | Storage, storage_options: Mapping[str, Any] | None = None) -> Storage:
+    """A Storage for `target`: a URL is opened, a Storage is used as it is."""
+    if isinstance(target, Storage):
+        return target
+    return open_storage(target, storage_options)
+
+
+def list_keys(storage: Storage, prefix: str) -> list[str]:
+    """List once, turning any failure to reach the store into StorageUnavailableError."""
+    try:
+        return storage.list(prefix)
+    except (StorageUnavailableError, ConfigError):
+        raise
+    except Exception as exc:  # botocore/s3fs raise many types for a bad endpoint
+        msg = scrub_secrets(f"{storage.display_url}: cannot list the store: {type(exc).__name__}: {exc}",
+                            storage.options)
+        raise StorageUnavailableError(msg) from None

@@ -8,9 +8,14 @@ Absence, existence, failed preconditions, refused credentials and a missing buck
 answers, not accidents, and pass through at once.
 
 Retrying a conditional write is ambiguous when the first attempt reached the server but its
-answer was lost: `put_if_absent` may then raise `FileExistsError` for an object this very
-call created. Callers that copy immutable objects (the mirror) compare content in that case.
-`put_stream` is retried only when its source can seek back to where it started.
+answer was lost: the retry of `put_if_absent` then finds the object this very call created
+(`FileExistsError`), the retry of `put_if_match` finds the etag moved on by it
+(`PreconditionFailed`). After a failed attempt, such a refusal is settled by reading the object
+back: if it holds exactly the bytes sent, the write landed and the call succeeds. (What ckptfs
+writes conditionally is unique to its writer: records carry a writer id, a time and a hash,
+leases a nonce; so the same bytes are the same write.) A refusal on the first attempt is an
+answer and passes through as it is. `put_stream` is retried only when its source can seek back
+to where it started.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections.abc import Callable
 from typing import IO, Any, TypeVar
 
 from ckptfs.errors import StorageUnavailableError
-from ckptfs.storage.base import Keys, Storage
+from ckptfs.storage.base import Keys, PreconditionFailed, Storage
 from ckptfs.storage.s3 import s3_error
 
 logger = logging.getLogger(__name__)
@@ -77,6 +82,36 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+# Connection settings: a connection that cannot be established before the endpoint ever answered
+# (refused, DNS failure, connect timeout) is a wrong URL or a server that is not there, not a
+# glitch: it gets CONNECT_ATTEMPTS tries, CONNECT_RETRY_DELAY apart, so a command fails in about
+# a second instead of backing off for a minute. Once the endpoint has answered (any response, even
+# a 404 or a 503), such failures are a restarting server or a dropped connection and get the full
+# `attempts` with backoff, like throttling and 5xx always do.
+CONNECT_ATTEMPTS = 2
+CONNECT_RETRY_DELAY = 0.25
+_CONNECT_WORDS = ("Could not connect to the endpoint", "Connection refused", "Cannot connect to host",
+                  "Name or service not known", "Temporary failure in name resolution",
+                  "nodename nor servname", "No address associated with hostname",
+                  "EndpointConnectionError", "ConnectTimeoutError", "Connect timeout on endpoint")
+
+
+def is_connect_failure(exc: BaseException) -> bool:
+    """True when a connection could not be established at all (as opposed to one that dropped)."""
+    chain: BaseException | None = exc
+    for _ in range(8):
+        if chain is None:
+            return False
+        if isinstance(chain, ConnectionRefusedError) or type(chain).__name__ in (
+                "EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError",
+                "ClientConnectorDNSError", "gaierror"):
+            return True
+        if any(w in str(chain) for w in _CONNECT_WORDS):
+            return True
+        chain = chain.__cause__ or chain.__context__
+    return False
+
+
 class RetriesExhausted(StorageUnavailableError):
     """A transient failure outlived every retry; the message says what and how often."""
 
@@ -103,6 +138,7 @@ class RetryingStorage(Storage):
         self._sleep = sleep
         self._count_lock = threading.Lock()
         self.retries = 0  # retries performed so far, for reports
+        self.answered = False  # the endpoint has answered at least once (see CONNECT_ATTEMPTS)
 
     def __repr__(self) -> str:
         return f"RetryingStorage({self.inner!r})"
@@ -114,33 +150,91 @@ class RetryingStorage(Storage):
 
     def _call(self, what: str, key: str, fn: Callable[[], T],
               rewind: Callable[[], None] | None = None) -> T:
+        connect_failures = 0
         for attempt in range(1, self.attempts + 1):
             try:
-                return fn()
+                result = fn()
             except Exception as exc:
+                connect_failure = is_connect_failure(exc)
+                if not connect_failure:
+                    self.answered = True  # a 404, a 503, a dropped reply: the endpoint is there
                 if not is_transient(exc):
                     raise
-                if attempt == self.attempts:
+                if not self.answered and connect_failure:
+                    # never reached: a wrong endpoint or a server that is not there; say so now
+                    # a connect timeout already waited its whole timeout: one is enough
+                    connect_failures += CONNECT_ATTEMPTS if "timeout" in str(exc).lower() else 1
+                    if connect_failures >= CONNECT_ATTEMPTS:
+                        raise RetriesExhausted(
+                            f"{self.display_url}: {what} {key!r}: the endpoint cannot be reached "
+                            f"({connect_failures} attempts): {exc}") from exc
+                    delay = CONNECT_RETRY_DELAY
+                elif attempt == self.attempts:
                     raise RetriesExhausted(f"{self.display_url}: {what} {key!r} still failing after "
                                            f"{self.attempts} attempts: {exc}") from exc
-                delay = random.uniform(0, min(self.max_delay, self.base_delay * 2 ** (attempt - 1)))
+                else:
+                    delay = random.uniform(0, min(self.max_delay,
+                                                  self.base_delay * 2 ** (attempt - 1)))
                 with self._count_lock:
                     self.retries += 1
-                logger.warning("%s: %s %r failed (%s); retry %d/%d in %.2fs", self.display_url,
-                               what, key, exc, attempt, self.attempts - 1, delay)
+                # a first connection that failed is retried once, quietly: its error says it all
+                logger.log(logging.INFO if connect_failures else logging.WARNING,
+                           "%s: %s %r failed (%s); retry %d/%d in %.2fs", self.display_url,
+                           what, key, exc, attempt, self.attempts - 1, delay)
                 self._sleep(delay)
                 if rewind is not None:
                     rewind()
+            else:
+                self.answered = True
+                return result
         raise AssertionError("unreachable")
 
     def put(self, key: str, data: bytes) -> str:
         return self._call("put", key, lambda: self.inner.put(key, data))
 
     def put_if_absent(self, key: str, data: bytes) -> str:
-        return self._call("put_if_absent", key, lambda: self.inner.put_if_absent(key, data))
+        return self._conditional("put_if_absent", key, data, FileExistsError,
+                                 lambda: self.inner.put_if_absent(key, data))
 
     def put_if_match(self, key: str, data: bytes, etag: str) -> str:
-        return self._call("put_if_match", key, lambda: self.inner.put_if_match(key, data, etag))
+        return self._conditional("put_if_match", key, data, PreconditionFailed,
+                                 lambda: self.inner.put_if_match(key, data, etag))
+
+    def _conditional(self, what: str, key: str, data: bytes, refused: type[Exception],
+                     fn: Callable[[], str]) -> str:
+        """A conditional write, retried; a refusal after a failed attempt may be our own write.
+
+        The first attempt may have landed with its reply lost; the retry is then refused
+        because of it. Reading the object back tells: the same bytes are ours (success), other
+        bytes are a rival's (the refusal stands). Without a failed attempt before it, a
+        refusal is not ambiguous and is not read back.
+        """
+        failed = [False]
+
+        def attempt() -> str:
+            try:
+                return fn()
+            except refused:
+                if failed[0]:
+                    etag = self._holds(key, data)
+                    if etag is not None:
+                        logger.info("%s: %s %r: a retry met the write of an earlier attempt; it "
+                                    "landed", self.display_url, what, key)
+                        return etag
+                raise
+            except Exception:
+                failed[0] = True
+                raise
+
+        return self._call(what, key, attempt)
+
+    def _holds(self, key: str, data: bytes) -> str | None:
+        """The object's etag if it holds exactly `data` (read back with retries), else None."""
+        try:
+            stored, etag = self._call("get", key, lambda: self.inner.get_with_etag(key))
+        except FileNotFoundError:
+            return None
+        return etag if stored == data else None
 
     def get_with_etag(self, key: str) -> tuple[bytes, str]:
         return self._call("get", key, lambda: self.inner.get_with_etag(key))

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
+import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import IO, Any
 
@@ -39,6 +42,49 @@ def s3_error(exc: BaseException) -> tuple[str | None, int | None]:
     return None, None
 
 
+# Connection settings. botocore retries a connection it cannot establish (refused, DNS failure,
+# connect timeout) with backoff, 5 times by default, and RetryingStorage retried each such call
+# again: against a wrong endpoint a command took 10-50 s to say so. Until an endpoint has answered
+# once, "cannot connect" is an answer (a wrong URL, a server that is not there), so the client
+# gives up on it at once; after that (a server restarting, a dropped connection) botocore's and
+# RetryingStorage's retries apply as before. Throttling and 5xx are answers and always retried.
+CONNECT_TIMEOUT = 3.0  # seconds to establish a connection (s3fs's default is 5)
+_GUARDED: weakref.WeakSet[Any] = weakref.WeakSet()
+_GUARD_LOCK = threading.Lock()
+
+
+def is_connect_failure(exc: BaseException) -> bool:
+    """A connection that could not be established: refused, DNS failure, connect timeout."""
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from botocore.exceptions import HTTPClientError
+
+    return isinstance(exc, BotoConnectionError) and not isinstance(exc, HTTPClientError)
+
+
+def guard_connections(client: Any) -> None:
+    """Register, first in line, a botocore needs-retry handler on `client` (once per client):
+    a connection failure before the endpoint ever answered is raised at once instead of retried."""
+    with _GUARD_LOCK:
+        try:
+            if client in _GUARDED:
+                return
+            _GUARDED.add(client)
+        except TypeError:  # not weak-referenceable: guard it anyway, once per S3Storage call path
+            pass
+    answered = [False]
+
+    def needs_retry(response: Any = None, caught_exception: BaseException | None = None,
+                    **_: Any) -> None:
+        if response is not None:
+            answered[0] = True
+        elif caught_exception is not None and not answered[0] and is_connect_failure(caught_exception):
+            raise caught_exception
+        return None
+
+    client.meta.events.register_first("needs-retry.s3", needs_retry,
+                                      unique_id="ckptfs-connect-guard")
+
+
 class S3Storage(Storage):
     """S3 (or any S3-compatible server) through s3fs, one PUT per commit.
 
@@ -65,6 +111,10 @@ class S3Storage(Storage):
         # shared through fsspec's instance cache, which is keyed by these options and cleared
         # after fork, so opening the same store again costs no new connection pool.
         opts.setdefault("use_listings_cache", False)
+        ck = opts.get("config_kwargs")
+        if ck is None or isinstance(ck, Mapping):
+            # a shorter connect timeout than s3fs's 5 s: establishing a connection is quick or broken
+            opts["config_kwargs"] = {"connect_timeout": CONNECT_TIMEOUT, **(ck or {})}
         try:
             self.fs = s3fs.S3FileSystem(**opts)
         except TypeError as exc:
@@ -77,9 +127,23 @@ class S3Storage(Storage):
     def _rel(self, full: str) -> str:
         return full[len(self.prefix) + 1 :] if self.prefix else full
 
+    def _guard_connections(self) -> None:
+        """Have the client fail at once on a connection it cannot establish, until it was answered.
+
+        s3fs creates its botocore client on the first call; this creates it now (as that call
+        would) so the guard is in place before any request. Shared clients are guarded once.
+        """
+        client = getattr(self.fs, "_s3", None)
+        if client is None:
+            self.fs.connect()
+            client = getattr(self.fs, "_s3", None)
+        if client is not None:
+            guard_connections(client)
+
     @contextlib.contextmanager
     def _errors(self, key: str | None = None) -> Iterator[None]:
         try:
+            self._guard_connections()
             yield
         except (FileExistsError, PreconditionFailed, FileNotFoundError) as exc:
             code = s3_error(exc)[0]
@@ -119,15 +183,57 @@ class S3Storage(Storage):
         return self._put(key, data)
 
     def put_if_absent(self, key: str, data: bytes) -> str:
+        """Exclusive create; a 412 for an object holding exactly `data` is our own write.
+
+        botocore retries a PUT whose connection dropped or that got a 5xx, and s3fs retries
+        around botocore, invisibly to us: when the first attempt had landed, the retry meets
+        that very object and S3 answers 412. Telling that apart from a rival's object takes
+        one HEAD (and a GET only if the etag is not the body's MD5, as under SSE-KMS). What
+        ckptfs creates exclusively is unique to its writer (records carry the writer id, the
+        time and their hash; leases a nonce), so the same bytes mean the same write.
+        """
         if not data:
             raise ValueError("refusing an exclusive PUT of zero bytes (s3fs can empty the object)")
         try:
             return self._put(key, data, IfNoneMatch="*")
-        except PreconditionFailed:
-            raise FileExistsError(key) from None
+        except (FileExistsError, PreconditionFailed):  # s3fs spells an If-None-Match 412 so
+            etag = self._holds(key, data)
+            if etag is None:
+                raise FileExistsError(key) from None
+            logger.info("%s: %s: a retried exclusive PUT met its own first attempt; it landed",
+                        self.display_url, key)
+            return etag
 
     def put_if_match(self, key: str, data: bytes, etag: str) -> str:
-        return self._put(key, data, IfMatch=etag)
+        """Compare-and-swap; a 412 for an object now holding exactly `data` is our own write
+        (its first attempt landed and a retry found the etag moved on: see put_if_absent)."""
+        try:
+            return self._put(key, data, IfMatch=etag)
+        except PreconditionFailed:
+            landed = self._holds(key, data)
+            if landed is None:
+                raise
+            logger.info("%s: %s: a retried conditional PUT met its own first attempt; it landed",
+                        self.display_url, key)
+            return landed
+
+    def _holds(self, key: str, data: bytes) -> str | None:
+        """The object's etag if it holds exactly `data`, else None (absent, or other bytes)."""
+        try:
+            with self._errors(key):
+                head = self.fs.call_s3("head_object", Bucket=self.bucket, Key=self._key(key))
+        except FileNotFoundError:
+            return None
+        etag = str(head.get("ETag", ""))
+        if int(head.get("ContentLength", -1)) != len(data):
+            return None
+        if etag.strip('"') == hashlib.md5(data, usedforsecurity=False).hexdigest():
+            return etag
+        try:  # an etag that is not the MD5 (SSE-KMS, multipart): compare the bytes themselves
+            stored, etag = self.get_with_etag(key)
+        except FileNotFoundError:
+            return None
+        return etag if stored == data else None
 
     def get_with_etag(self, key: str) -> tuple[bytes, str]:
         from fsspec.asyn import sync
@@ -228,9 +334,15 @@ class S3Storage(Storage):
             return f
 
     def check(self) -> None:
+        """Reach the bucket with a listing of this store's own prefix, one key at most.
+
+        Not HeadBucket: AWS authorises it as s3:ListBucket with no s3:prefix, which a policy
+        granting only this prefix (backends/s3/iam-policy.json) refuses.
+        """
         try:
             with self._errors():
-                self.fs.call_s3("head_bucket", Bucket=self.bucket)
+                self.fs.call_s3("list_objects_v2", Bucket=self.bucket, MaxKeys=1,
+                                Prefix=f"{self.prefix}/" if self.prefix else "")
         except FileNotFoundError:
             raise StorageUnavailableError(
                 f"{self.display_url}: bucket {self.bucket!r} does not exist") from None
