@@ -42,6 +42,32 @@ class StorageUnavailableError(CkptfsError, OSError):
     """
 
 
+class StoreNotWritableError(StorageUnavailableError, PermissionError):
+    """A write the store cannot make: the directory or filesystem is read-only to this user, or
+    the key's directory is a symbolic link (never written through) or something else than a
+    directory. The message names the store (redacted) and the key.
+
+    A `PermissionError` too, so retry layers treat it as permanent (no retry loop against a
+    read-only store), and a `StorageUnavailableError`, so the CLI prints one line and exits 2.
+    Reading the same store still works: reading needs no write permission.
+    """
+
+
+class RunNotFoundError(CkptfsError, KeyError):
+    """A write to a run that has no saved state (save_run it first), or a step it does not have.
+
+    A KeyError too, for callers of the seed's API; its message is not quoted as a KeyError's is.
+    """
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)
+
+
+class InvalidGraphError(CkptfsError, ValueError):
+    """A commit refused because the step graph would not be runnable: a cycle, an unknown or
+    removed dependency, a COMPLETED step without a result. Nothing was written."""
+
+
 class ConflictError(CkptfsError):
     """Another writer already committed this version of the run; nothing was overwritten."""
 
@@ -50,6 +76,67 @@ class ConflictError(CkptfsError):
         self.version = version
         msg = f"run {run_id!r}: version {version} was already committed by another writer"
         super().__init__(f"{msg}: {detail}" if detail else msg)
+
+
+class UnstorableValueError(CkptfsError, ValueError):
+    """A commit refused because a load could not give back what it was asked to store.
+
+    Whatever a commit acknowledges, a fresh load must return. JSON has no NaN or infinity
+    (pydantic writes them as null, which a float field then refuses), Python's JSON reader
+    refuses ints over 4,300 digits, a set or a tuple would come back as a list, and a record
+    over the store's `max_decoded_bytes` is refused whole. Acknowledging one of these leaves a
+    record every later load skips, and each later, innocent commit is lost with it; so the
+    commit is refused before anything is written and the writer's state is as it was.
+
+    `run_id` and `step_id` (None for run-level fields and whole records) say whose value it is,
+    `field` where (a dotted path: `cost_usd`, `metadata.scores[3]`), `reason` what is wrong.
+    A ValueError too: the caller passed a value the store cannot keep.
+    """
+
+    def __init__(self, run_id: str | None, step_id: str | None, field: str, reason: str) -> None:
+        self.run_id = run_id
+        self.step_id = step_id
+        self.field = field
+        self.reason = reason
+        where = [f"run {run_id!r}"] if run_id is not None else []
+        if step_id is not None:
+            where.append(f"step {step_id!r}")
+        where.append(field)
+        super().__init__(f"{': '.join(where)}: {reason}; refused, nothing was written")
+
+
+class NonFiniteValueError(UnstorableValueError):
+    """NaN or an infinity: JSON cannot hold it (a load would read null, or refuse the record)."""
+
+
+class RecordTooLargeError(UnstorableValueError):
+    """The record would decode to more than the store's `max_decoded_bytes`, which a load refuses."""
+
+
+class VersionLimitError(CkptfsError):
+    """The run's next version would be past the largest one a key can name (12 digits).
+
+    No run gets there by committing (10**12 commits); a file planted at the top of the journal
+    does. A version whose key the loader does not parse would be acknowledged and never loaded,
+    so the commit is refused; the message names the file that pushed the version up.
+    """
+
+    def __init__(self, run_id: str, version: int, detail: str) -> None:
+        self.run_id = run_id
+        self.version = version
+        super().__init__(f"run {run_id!r}: cannot commit version {version}: {detail}")
+
+
+class KeyOccupiedError(CkptfsError):
+    """The key of the next version holds something no load can see (on a filesystem: a
+    directory), so it is neither a lost race nor a damaged record to branch past: every commit
+    would fail there forever. Nothing was written; the message names the path to move away."""
+
+    def __init__(self, run_id: str, version: int, key: str, detail: str) -> None:
+        self.run_id = run_id
+        self.version = version
+        self.key = key
+        super().__init__(f"run {run_id!r}: cannot commit version {version}: {key} {detail}")
 
 
 class LeaseLostError(CkptfsError):
@@ -76,6 +163,27 @@ class CorruptFileError(CkptfsError):
         self.key = key
         self.reason = reason
         super().__init__(f"{key}: {reason}")
+
+
+class MisplacedFileError(CorruptFileError):
+    """A file that decodes but is not the file its key names (copied from another run or version)."""
+
+
+class UnreadableFileError(CorruptFileError):
+    """A stored name that cannot be read as one of our files: not a regular file (a symbolic
+    link, even a dangling one; a FIFO, socket or device), reached through a link below the store
+    root, or refused by the system (permission denied).
+
+    A `CorruptFileError` on purpose: every reader already skips a damaged file with a warning
+    naming its key and falls back to the previous valid state (load, run summaries, verify's
+    "unreadable" finding, prune's "cannot be read"), and a file we must not or cannot read is,
+    to those readers, exactly that. Links are never followed, so what such a name points at is
+    never served as ours.
+    """
+
+
+class BrokenChainError(CorruptFileError):
+    """A file whose hashes contradict themselves or the chain they claim to continue."""
 
 
 class DecodeLimitError(CorruptFileError):

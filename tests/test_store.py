@@ -280,9 +280,9 @@ def test_nothing_ever_silently_starts_from_scratch(tmp_path: Any, caplog: Any) -
 def test_idle_compactor_threads_exit_and_restart(monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
-    from ckptfs.store.checkpoint_store import _Compactor
+    from ckptfs.store.compactor import Compactor
 
-    monkeypatch.setattr(_Compactor, "IDLE_EXIT_SECONDS", 0.2)
+    monkeypatch.setattr(Compactor, "IDLE_EXIT_SECONDS", 0.2)
     stores = [CheckpointStore(f"memory://idle-{i}-{id(monkeypatch)}") for i in range(10)]
     for st in stores:
         st.save_run(make_run(3))

@@ -12,12 +12,19 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+import math
+import sys
+from typing import Any, Literal, NamedTuple
 
 import zstandard
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ckptfs.errors import CorruptFileError, DecodeLimitError, UnsupportedFormatError
+from ckptfs.errors import (
+    CorruptFileError,
+    DecodeLimitError,
+    RecordTooLargeError,
+    UnsupportedFormatError,
+)
 
 FORMAT_NAME = "ckptfs"
 FORMAT_VERSION = 1
@@ -68,6 +75,170 @@ def dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
 
 
+# ------------------------------------------------------------ what a load can give back
+
+# CPython's default limit on int <-> str conversion (sys.int_info.default_max_str_digits): the
+# reader's json.loads refuses a longer int literal, so a record holding one never loads again.
+MAX_INT_DIGITS = 4300
+# Containers nested deeper than this are refused: pydantic's serialiser stops far earlier (254),
+# so in practice this only ends the walk over a value that contains itself.
+MAX_NESTING = 1000
+
+
+class Problem(NamedTuple):
+    """Where a value stops being one a load gives back equal, and why."""
+
+    path: str
+    reason: str
+    nonfinite: bool = False
+
+
+def _int_bound() -> int:
+    """Ints must stay below this in magnitude: the default limit, or this process's if lower."""
+    limit = sys.get_int_max_str_digits()
+    digits = MAX_INT_DIGITS if limit == 0 else min(limit, MAX_INT_DIGITS)
+    bound = _INT_BOUNDS.get(digits)
+    if bound is None:
+        bound = _INT_BOUNDS[digits] = 10**digits
+    return bound
+
+
+_INT_BOUNDS: dict[int, int] = {}
+_Node = tuple[Any, Any, Any, int]  # (value, parent node, key in the parent, depth)
+
+
+def _path_of(node: _Node | None, key: Any = None) -> str:
+    """`metadata.scores[3]` for a node of the walk (long paths keep their two ends)."""
+    keys: list[Any] = [] if key is None else [key]
+    root = ""
+    while node is not None:
+        if node[1] is None:
+            root = node[2]
+            break
+        keys.append(node[2])
+        node = node[1]
+    keys.reverse()
+    if len(keys) > 16:
+        keys = [*keys[:8], f"...({len(keys) - 12} more)...", *keys[-4:]]
+    out = root
+    for k in keys:
+        out += f"[{k}]" if type(k) is int else (f".{k}" if out else str(k))
+    return out
+
+
+def _scalar_problem(v: Any, bound: int) -> tuple[str, bool] | None:
+    """(reason, non-finite) for a value that is not a JSON scalar a load returns equal."""
+    if isinstance(v, str) or v is None:
+        return None
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        if -bound < v < bound:
+            return None
+        digits = int(v.bit_length() * math.log10(2)) + 1
+        return (f"an int of about {digits} digits: JSON readers (Python's json among them) refuse "
+                f"ints over {MAX_INT_DIGITS} digits, so no load could read the record (store it as "
+                "a string)"), False
+    if isinstance(v, float):
+        if math.isfinite(v):
+            return None
+        return (f"{v!r} is not a number JSON can hold (it would be written as null, which a load "
+                "refuses or returns as None)"), True
+    if isinstance(v, set | frozenset):
+        return "a set: JSON has none, a load would return a list (store a sorted list)", False
+    if isinstance(v, tuple):
+        return "a tuple: a load would return a list, which does not compare equal (store a list)", False
+    if isinstance(v, bytes | bytearray | memoryview):
+        return ("bytes: JSON has none (store text, or put_artifact() the bytes and keep the "
+                "reference)"), False
+    if isinstance(v, BaseModel):
+        return (f"a {type(v).__name__} object: a load would return a plain dict (store "
+                "model_dump(mode='json'))"), False
+    return (f"a {type(v).__name__}: not a JSON value (dict, list, str, int, float, bool or None), "
+            "so a load would not return it"), False
+
+
+def json_problem(value: Any, path: str, bound: int | None = None) -> Problem | None:
+    """The first place where `value` is not plain JSON that a load gives back equal, else None.
+
+    The writer's half of "what a commit acknowledges, a load returns": the reader takes back
+    exactly dicts with string keys, lists, strings, finite floats, ints of at most
+    MAX_INT_DIGITS digits, booleans and None. Anything else is either refused by the reader
+    (NaN, which pydantic writes as null; a giant int json.loads rejects) or silently changed
+    (a set or tuple becomes a list, an int key a string key), so it is reported here, before a
+    byte is written. Subclasses that compare equal to what a load returns (a str enum, an
+    OrderedDict) pass. Iterative, so no depth of nesting costs the stack; scalars are checked
+    inline by exact type, without allocating, since this runs on every commit.
+    """
+    if bound is None:
+        bound = _int_bound()
+    stack: list[_Node] = [(value, None, path, 0)]
+    pop, push = stack.pop, stack.append
+    while stack:
+        node = pop()
+        v = node[0]
+        t = type(v)
+        if t is dict or t is list or isinstance(v, dict | list):
+            depth = node[3] + 1
+            if depth > MAX_NESTING:
+                return Problem(_path_of(node), f"nested deeper than {MAX_NESTING} levels (or it "
+                                               "contains itself)")
+            is_dict = t is dict or (t is not list and isinstance(v, dict))
+            for k, x in (v.items() if is_dict else enumerate(v)):
+                if is_dict and type(k) is not str and not isinstance(k, str):
+                    return Problem(_path_of(node, repr(k)), f"a key of type {type(k).__name__}: "
+                                   "JSON keys are strings, so a load would return a different key")
+                tx = type(x)
+                if tx is str or x is None or tx is bool:
+                    continue
+                if tx is int:
+                    if -bound < x < bound:
+                        continue
+                elif tx is float:
+                    if x - x == 0.0:  # finite: inf - inf and nan - nan are nan
+                        continue
+                elif (tx is dict or tx is list) and not x:
+                    continue
+                push((x, node, k, depth))
+        elif t is not str and v is not None:
+            got = _scalar_problem(v, bound)
+            if got is not None:
+                return Problem(_path_of(node), got[0], got[1])
+    return None
+
+
+def model_problem(model: BaseModel, prefix: str = "",
+                  exclude: frozenset[str] = frozenset()) -> Problem | None:
+    """`json_problem` over a model's fields (nested models, such as a step's tool calls, too).
+
+    The model's own typed fields are walked like free-form ones: a float field holds NaN as
+    easily as `metadata` does (pydantic accepts NaN unless told otherwise).
+    """
+    bound = _int_bound()
+    for name, v in model.__dict__.items():  # pydantic keeps exactly the fields there
+        t = type(v)
+        if t is str or v is None or t is bool or (t is int and -bound < v < bound) or (
+                t is float and v - v == 0.0) or ((t is dict or t is list) and not v):
+            continue
+        if name in exclude:
+            continue
+        where = f"{prefix}{name}"
+        got: Problem | None = None
+        if isinstance(v, BaseModel):
+            got = model_problem(v, f"{where}.")
+        elif t is list and isinstance(v[0], BaseModel):
+            for i, item in enumerate(v):
+                got = (model_problem(item, f"{where}[{i}].") if isinstance(item, BaseModel)
+                       else json_problem(item, f"{where}[{i}]", bound))
+                if got is not None:
+                    break
+        else:
+            got = json_problem(v, where, bound)
+        if got is not None:
+            return got
+    return None
+
+
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -84,11 +255,22 @@ def _prefix(header: RecordHeader) -> bytes:
     return head[:-1] + b',"body":'
 
 
-def encode(header: RecordHeader, body_json: bytes, level: int = DEFAULT_LEVEL) -> bytes:
-    """Frame `body_json` (already serialised, so its sha256 is exact) under `header`."""
+def encode(header: RecordHeader, body_json: bytes, level: int = DEFAULT_LEVEL,
+           max_decoded: int | None = None) -> bytes:
+    """Frame `body_json` (already serialised, so its sha256 is exact) under `header`.
+
+    With `max_decoded` (the reader's `max_decoded_bytes`), a record that would decode to more
+    is refused with RecordTooLargeError before any compression work: `decompress` refuses
+    exactly that size, so such a file could be written but never read back.
+    """
     if header.body_sha256 != sha256_hex(body_json):
         raise ValueError("header.body_sha256 does not match the body being encoded")
     text = _prefix(header) + body_json + b"}"
+    if max_decoded is not None and len(text) > max_decoded:
+        raise RecordTooLargeError(
+            header.run_id, None, f"{header.kind} record v{header.version}",
+            f"it would decode to {len(text)} bytes, over the max_decoded_bytes of {max_decoded} "
+            "that a load refuses")
     cctx = zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True)
     frame = cctx.compress(text)
     return frame + _SKIPPABLE_MAGIC + (32).to_bytes(4, "little") + hashlib.sha256(frame).digest()

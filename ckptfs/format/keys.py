@@ -11,14 +11,39 @@ Numbers are zero-padded to 12 digits so a plain listing sorts by version.
 
 from __future__ import annotations
 
+import importlib
 import re
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from types import ModuleType
 
+from ckptfs.errors import InvalidIdError
 from ckptfs.format.models import validate_id
 
 RUNS = "runs"
 ARTIFACTS = "artifacts/sha256"
+TEMP_MARKER = ".tmp-"  # in the name of a file being written: never a finished key
+LEASE_DIR = "lease"  # runs/<run>/lease/: workers' claims, not checkpoint state
+
+# Namespaces other writers keep beside runs/ (root folder -> the module that checks and copies
+# them). Maintenance and replication resolve these by name, so the core never imports an
+# integration, and a store holding none of its data never loads it.
+NAMESPACE_PLUGINS: dict[str, str] = {"langgraph": "ckptfs.integrations.langgraph.check"}
+
+
+def namespace_plugin(root: str) -> ModuleType:
+    """The plug-in of a namespace ('langgraph' or 'langgraph/'), imported by its name.
+
+    A plug-in module offers `check(storage, keys, level, max_decoded)` (verify's findings as
+    (severity, code, message, key) tuples) and `group_of(key)` (which keys share one record
+    log on local disk, so mirror and restore copy a log whole). It needs no framework installed.
+    """
+    return importlib.import_module(NAMESPACE_PLUGINS[root.strip("/")])
 _WIDTH = 12
+# The largest version a key can name: `parse_run_key` reads exactly 12 digits, so a 13-digit
+# name is not a run file. The store refuses to commit past it (VersionLimitError) rather than
+# acknowledge a version no load would ever find.
+MAX_VERSION = 10**_WIDTH - 1
 _FILE = re.compile(r"^(?:(?P<base>\d{12})-)?(?P<version>\d{12})\.ckpt$")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 
@@ -84,3 +109,73 @@ def parse_artifact_key(key: str) -> str | None:
     return sha if _SHA.match(sha) and parts[2] == sha[:2] else None
 
 
+
+
+@dataclass
+class StoreListing:
+    """A store's keys sorted into what they are: the one reading of a listing every command uses.
+
+    Anything not ours (a temp file, `runs/.snapshot` from a filer, a 255-character name, a key
+    in an unknown folder) is a stray with the reason, never an exception: one odd entry must
+    not stop a command over the whole store.
+    """
+
+    runs: dict[str, list[RunFile]] = field(default_factory=dict)
+    artifacts: list[str] = field(default_factory=list)  # sha256 digests
+    namespaces: dict[str, list[str]] = field(default_factory=dict)  # plug-in root -> its keys
+    temp: list[str] = field(default_factory=list)
+    strays: list[tuple[str, str, str | None]] = field(default_factory=list)  # key, why, run id
+    leases: list[str] = field(default_factory=list)
+
+
+def run_dirs(names: Iterable[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """The run ids among the directory names under `runs/`, and the names that are not, with why.
+
+    An empty `runs/.snapshot` (NetApp) holds no keys, so a listing of keys never shows it; a
+    command walking run directories reads them through here to skip and report it instead.
+    """
+    ids, odd = [], []
+    for name in names:
+        try:
+            ids.append(validate_id(name, "run id"))
+        except InvalidIdError as exc:
+            odd.append((f"{RUNS}/{name}/", f"not a run directory: {exc}"))
+    return ids, odd
+
+
+def classify(keys: Iterable[str]) -> StoreListing:
+    """Sort listed keys (relative to the store root) into a StoreListing."""
+    out = StoreListing()
+    bad_runs: set[str] = set()
+    for key in keys:
+        parts = key.split("/")
+        if TEMP_MARKER in parts[-1]:
+            out.temp.append(key)
+            continue
+        if parts[0] == RUNS and len(parts) >= 3:
+            rid = parts[1]
+            try:
+                validate_id(rid, "run id")
+            except InvalidIdError as exc:
+                if rid not in bad_runs:
+                    bad_runs.add(rid)
+                    out.strays.append((f"{RUNS}/{rid}/", f"not a run directory: {exc}", None))
+                continue
+            if parts[2] == LEASE_DIR:
+                out.leases.append(key)
+                continue
+            rf = parse_run_key(key)
+            if rf is not None:
+                out.runs.setdefault(rid, []).append(rf)
+            else:
+                out.strays.append((key, "not a ckptfs run file (unexpected name)", rid))
+            continue
+        sha = parse_artifact_key(key)
+        if sha is not None:
+            out.artifacts.append(sha)
+            continue
+        if parts[0] in NAMESPACE_PLUGINS and len(parts) > 1:
+            out.namespaces.setdefault(parts[0], []).append(key)
+            continue
+        out.strays.append((key, "not a ckptfs file (unexpected key)", None))
+    return out

@@ -1,11 +1,14 @@
-"""Which files a load of a run follows: the one chain walk that the store and the mirror share.
+"""THE reader of run files: decode one against its key, collect its references, walk the chain.
 
-A run's files are indexed once; a load starts from the newest snapshot that decodes (or from
-version 0 while that chain is complete) and then, at each version, takes the largest delta
-whose base hash matches, else the next journal record that continues the hash chain. Reading
-and decoding are the caller's (`read` returns None for a file that fails), so the store can
-apply bodies as it goes and the mirror can collect the files to copy: both follow exactly the
-same chain, which is what lets a mirrored restore point load as the source did.
+Every command that reads runs goes through these few functions: the store's load, verify,
+mirror, restore, prune, `runs` and `show`. Before they existed each command had its own idea
+of a valid store (verify rejected every mirror that mirror wrote), so the rule is now one
+place: a file counts only if it decodes *and* its header names the run, kind, version and base
+its key names; the chain a load follows is chosen by `plan_load` alone; the artifacts a record
+needs are found by `collect_refs` alone.
+
+Reading bytes is the caller's (`fetch`), so this module stays below storage: the store hands in
+`storage.get`, the mirror a parallel prefetcher, verify a reader that records findings.
 """
 
 from __future__ import annotations
@@ -13,14 +16,74 @@ from __future__ import annotations
 import bisect
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+from ckptfs.errors import BrokenChainError, CorruptFileError, MisplacedFileError, UnsupportedFormatError
 from ckptfs.format import codec
-from ckptfs.format.keys import RunFile
+from ckptfs.format.keys import RunFile, parse_artifact_key
+from ckptfs.format.models import ArtifactRef
 
 logger = logging.getLogger(__name__)
 
-Reader = Callable[[RunFile], "codec.Record | None"]
+RECORD_KIND = {"log": "journal", "delta": "delta", "snap": "snapshot"}  # key folder -> header kind
+REFS_FIELD = "$refs"  # where a step or tool call lists the artifacts its large values moved to
+
+Read = Callable[[RunFile], "codec.Record | None"]
+
+
+def decode_run_file(data: bytes, rf: RunFile, run_id: str,
+                    max_decoded: int = codec.DEFAULT_MAX_DECODED_BYTES) -> codec.Record:
+    """Decode a run file and check that its header is the file its key says it is.
+
+    A record copied under another run's or version's name decodes perfectly; only this check
+    tells it is not ours. Raises CorruptFileError (MisplacedFileError for a header/key mismatch,
+    UnsupportedFormatError for a newer format).
+    """
+    rec = codec.decode(data, rf.key, max_decoded)
+    h = rec.header
+    expected = RECORD_KIND[rf.kind]
+    if h.kind != expected or h.run_id != run_id or h.version != rf.version or (
+            rf.kind != "log" and h.base != rf.base):
+        raise MisplacedFileError(rf.key, f"header says {h.kind} of run {h.run_id!r} v{h.version} "
+                                         f"(base {h.base}); the file name says {expected} of run "
+                                         f"{run_id!r} v{rf.version}")
+    if rf.kind == "snap" and h.base_hash != h.hash:
+        raise BrokenChainError(rf.key, "snapshot base_hash differs from its own hash")
+    return rec
+
+
+def collect_refs(body: Any, out: dict[str, ArtifactRef]) -> None:
+    """Add every artifact a record body points at to `out` (by sha256).
+
+    Both the `$refs` entries the store writes and ArtifactRefs kept in user data count: prune
+    must not collect, nor mirror forget, bytes a user put in a step's metadata. A snapshot of a
+    long run is tens of thousands of small dicts, so the walk stays lean: exact type checks,
+    and the key test only on dicts that have a "sha256" key.
+    """
+    stack = [body]
+    pop, push = stack.pop, stack.append
+    while stack:
+        o = pop()
+        if type(o) is dict:
+            if "sha256" in o:
+                uri, sha, size = o.get("uri"), o["sha256"], o.get("size")
+                if (isinstance(uri, str) and isinstance(sha, str) and isinstance(size, int)
+                        and parse_artifact_key(uri) == sha):
+                    if sha not in out:
+                        out[sha] = ArtifactRef.model_validate(
+                            {k: o[k] for k in ("uri", "sha256", "size", "media_type", "summary")
+                             if k in o})
+                    continue
+            for v in o.values():
+                t = type(v)
+                if t is dict or t is list:
+                    push(v)
+        elif type(o) is list:
+            for v in o:
+                t = type(v)
+                if t is dict or t is list:
+                    push(v)
 
 
 @dataclass
@@ -53,13 +116,44 @@ class RunIndex:
             out.append(None)
         return out
 
-    def follow(self, cursor: int, chash: str, read: Reader, ceiling: int | None = None,
-               run_id: str = "") -> Iterator[tuple[RunFile, codec.Record]]:
-        """Yield each next record from (`cursor`, `chash`) up to `ceiling` (default: limit)."""
+    def name_path(self) -> list[RunFile] | None:
+        """The files a load would read judged by their names alone, [start?, records...]; no reads.
+
+        Advisory: cheap enough to decide whether a mirror is up to date and what to prefetch in
+        parallel, but only `plan_load` (which reads headers and checks hashes) decides.
+        """
+        snaps = self.snaps
+        logs = {f.version: f for f in self.logs}
+        out: list[RunFile] = []
+        if snaps:
+            out.append(snaps[0])
+            cursor = snaps[0].version
+        elif 0 in self.deltas or 1 in logs:
+            cursor = 0
+        else:
+            return None
+        while cursor < self.limit:
+            ds = [d for d in self.deltas.get(cursor, []) if d.version <= self.limit]
+            nxt = ds[0] if ds else logs.get(cursor + 1)
+            if nxt is None:
+                break
+            out.append(nxt)
+            cursor = nxt.version
+        return out
+
+    def follow(self, cursor: int, chash: str, read: Read, ceiling: int | None = None,
+               run_id: str = "", *, deltas: bool = True) -> Iterator[tuple[RunFile, codec.Record]]:
+        """Yield each next record from (`cursor`, `chash`) up to `ceiling` (default: limit).
+
+        At each version the largest delta whose base hash matches wins, else the next journal
+        record that continues the hash chain (a branch written after a fallback names an older
+        base, so records are matched by their header's base, not by the next number).
+        `deltas=False` walks the journal alone: verify replays it against deltas and snapshots.
+        """
         top = self.limit if ceiling is None else ceiling
         while cursor < top:
             nxt: tuple[RunFile, codec.Record] | None = None
-            for d in self.deltas.get(cursor, []):
+            for d in self.deltas.get(cursor, []) if deltas else []:
                 if d.version > top:
                     continue
                 rec = read(d)
@@ -83,3 +177,121 @@ class RunIndex:
                 return
             yield nxt
             cursor, chash = nxt[1].header.version, nxt[1].header.hash
+
+
+@dataclass
+class LoadPath:
+    """What a load of a run reads: a start (a snapshot, or None for version 0) and the records
+    applied on top of it, in order. A restore point is exactly these files."""
+
+    run_id: str
+    start: RunFile | None
+    start_record: codec.Record | None
+    records: list[tuple[RunFile, codec.Record]]
+    version: int
+    hash: str
+
+    @property
+    def files(self) -> list[RunFile]:
+        """Copy order (restic's: what is referenced first): records in chain order, the start last."""
+        return [rf for rf, _ in self.records] + ([self.start] if self.start else [])
+
+    def bodies(self) -> Iterator[Any]:
+        """Record bodies in the order a load applies them: the start's first."""
+        if self.start_record is not None:
+            yield self.start_record.body
+        for _rf, rec in self.records:
+            yield rec.body
+
+    def refs(self) -> dict[str, ArtifactRef]:
+        """Every artifact this load needs, by sha256."""
+        out: dict[str, ArtifactRef] = {}
+        for body in self.bodies():
+            collect_refs(body, out)
+        return out
+
+
+Accept = Callable[[LoadPath], bool]
+
+
+def plan_load(index: RunIndex, read: Read, *, run_id: str = "", ceiling: int | None = None,
+              exact: bool = False, accept: Accept | None = None) -> LoadPath | None:
+    """The chain a load follows: the load rule, stated once.
+
+    Newest snapshot that decodes, else version 0 while its chain is there; then `follow` to
+    `ceiling` (default: the newest version listed). With `exact`, only a chain that ends at the
+    ceiling counts (a load of one stored version). `accept` lets the store refuse a state that
+    does not validate (a bad step graph): the walk is then retried one record shorter from the
+    same start, exactly as the store's load has always done. None when nothing loads.
+    """
+    top = index.limit if ceiling is None else ceiling
+    for start in index.starts():
+        if start is not None and start.version > top:
+            continue
+        start_rec: codec.Record | None = None
+        cursor0, hash0 = 0, ""
+        if start is not None:
+            start_rec = read(start)
+            if start_rec is None:
+                continue
+            cursor0, hash0 = start.version, start_rec.header.hash
+        limit = top
+        while True:
+            records = list(index.follow(cursor0, hash0, read, limit, run_id))
+            version = records[-1][1].header.version if records else cursor0
+            vhash = records[-1][1].header.hash if records else hash0
+            path = LoadPath(run_id, start, start_rec, records, version, vhash)
+            usable = (start is not None or records) and (not exact or version == top)
+            if usable and (accept is None or accept(path)):
+                return path
+            if usable and accept is not None and records:
+                limit = version - 1  # the newest state is invalid: one record short
+                continue
+            break
+    return None
+
+
+@dataclass
+class RecordCache:
+    """Reads and decodes a run's files once each; a file that fails is remembered as failed.
+
+    `fetch` returns a file's bytes (FileNotFoundError propagates: a file vanished during the
+    read, e.g. under another writer's retention, and the caller decides whether to re-plan).
+    What failed is in `problems`, one line each, as the load's warnings name it.
+    """
+
+    run_id: str
+    fetch: Callable[[str], bytes]
+    max_decoded: int = codec.DEFAULT_MAX_DECODED_BYTES
+    keep_raw: bool = False
+    strict_format: bool = False  # a newer format stops the load instead of being skipped
+    records: dict[str, codec.Record | None] = field(default_factory=dict)
+    raw: dict[str, bytes] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    errors: dict[str, CorruptFileError] = field(default_factory=dict)
+
+    def load(self, rf: RunFile) -> None:
+        if rf.key in self.records:
+            return
+        try:
+            data = self.fetch(rf.key)  # UnreadableFileError (a link, a FIFO, no permission): skipped
+            rec = decode_run_file(data, rf, self.run_id, self.max_decoded)
+        except CorruptFileError as exc:
+            if self.strict_format and isinstance(exc, UnsupportedFormatError):
+                raise
+            self.fail(rf, exc)
+            return
+        if self.keep_raw:
+            self.raw[rf.key] = data
+        self.records[rf.key] = rec
+
+    def fail(self, rf: RunFile, exc: CorruptFileError) -> None:
+        """Remember a file as unusable (also for a reason found above the codec)."""
+        logger.warning("run %s: skipping %s", self.run_id, exc)
+        self.problems.append(str(exc))
+        self.errors[rf.key] = exc
+        self.records[rf.key] = None
+
+    def read(self, rf: RunFile) -> codec.Record | None:
+        self.load(rf)
+        return self.records[rf.key]

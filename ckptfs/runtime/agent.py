@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextvars
 import heapq
 import inspect
 import logging
@@ -33,8 +32,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfs.errors import CkptfsError
+from ckptfs.errors import CkptfsError, NonFiniteValueError, UnstorableValueError
+from ckptfs.format import codec
 from ckptfs.format.models import AgentRun, Step, StepStatus, ToolCall
+from ckptfs.runtime.host import CURRENT_STEP
 from ckptfs.runtime.policy import CheckpointPolicy, RetryPolicy
 from ckptfs.runtime.resume import (
     SKIP_REASON,
@@ -47,13 +48,12 @@ from ckptfs.runtime.resume import (
     requeue_interrupted,
     reset_failed,
 )
-from ckptfs.runtime.tools import IdempotentToolRunner, ToolLogState, UnconfirmedActionError
+from ckptfs.runtime.tool_log import ToolLogs, ToolLogState
+from ckptfs.runtime.tools import IdempotentToolRunner, UnconfirmedActionError
 from ckptfs.store.checkpoint_store import CheckpointStore
 
 logger = logging.getLogger(__name__)
 
-_current_step: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
-    "ckptfs_current_step", default=None)
 
 
 @dataclass
@@ -200,12 +200,25 @@ def _unpack(out: Any) -> tuple[str, int, float]:
     return str(out), 0, 0.0
 
 
-def complete_step(step: Step, out: Any) -> None:
+def complete_step(step: Step, out: Any, run_id: str | None = None) -> None:
     """Record an executor's output on its step (the agent's and a Worker's one meaning of done).
 
     Assignments are validated (Step has validate_assignment), so no-op ones are skipped.
+    An output no load could give back (a NaN or infinite cost, a token count JSON cannot hold)
+    raises UnstorableValueError before the step is touched: recorded, it would only be refused
+    at commit, with the step already marked done and the run's totals turned NaN too.
     """
-    result, tokens, cost = _unpack(out)
+    try:
+        result, tokens, cost = _unpack(out)
+    except (TypeError, ValueError, OverflowError) as exc:  # int(nan), float("x"), int(inf)
+        raise UnstorableValueError(run_id, step.id, "executor output",
+                                   f"tokens or cost_usd unreadable: {type(exc).__name__}: {exc}") from None
+    for name, value in (("cost_usd", step.cost_usd + cost), ("tokens", step.tokens + tokens)):
+        got = codec.json_problem(value, name)
+        if got is not None:
+            cls = NonFiniteValueError if got.nonfinite else UnstorableValueError
+            raise cls(run_id, step.id, name, f"the executor reported a value a load could not give "
+                                             f"back: {got.reason}")
     step.result = result
     if tokens:
         step.tokens += tokens
@@ -247,7 +260,7 @@ class CheckpointedAgent:
         self._rng = random.Random(self.retry.seed)
         self._active: dict[str, _Execution] = {}
         self._known: set[str] = set()
-        self._tool_states: dict[tuple[str, str], ToolLogState] = {}
+        self._tool_logs = ToolLogs(checkpoint_store, self._tool_log_start)
         self._io_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._io_pending: set[concurrent.futures.Future[Any]] = set()
 
@@ -311,7 +324,7 @@ class CheckpointedAgent:
         if strategy == "fuzzy" and validator is not None:
             changed.update((s.id, s) for s in invalidate(run, validator, log_len))
         for sid in changed:
-            self._tool_states.pop((run_id, sid), None)
+            self._tool_logs.forget(run_id, sid)
         if changed:
             self.store.commit(run, list(changed.values()))
         logger.info("resuming run %s (%s): %d/%d steps completed, %d put back in the queue",
@@ -321,9 +334,12 @@ class CheckpointedAgent:
     def record_tool_call(self, run_id: str, step_id: str, tool_call: ToolCall) -> None:
         """Log a tool call durably, for audit and for the idempotency cache (seed API)."""
         self._write_tool_call(run_id, step_id, tool_call)
-        state = self._tool_states.get((run_id, step_id))
-        if state is not None:
-            state.add(tool_call)
+        self._tool_logs.add(run_id, step_id, tool_call)
+
+    async def arecord_tool_call(self, run_id: str, step_id: str, tool_call: ToolCall) -> None:
+        """`record_tool_call` off the event loop, in order, never cancelled midway (see `_io`)."""
+        await self._io(self._write_tool_call, run_id, step_id, tool_call)
+        self._tool_logs.add(run_id, step_id, tool_call)
 
     def pause_run(self, run: AgentRun) -> None:
         """Pause a run: during execution, after the steps in flight; otherwise at once."""
@@ -339,7 +355,7 @@ class CheckpointedAgent:
 
     def tools(self) -> IdempotentToolRunner:
         """A tool runner for the step the calling executor is running (sync or async)."""
-        cur = _current_step.get()
+        cur = CURRENT_STEP.get()
         if cur is None:
             raise RuntimeError("agent.tools() is only available inside an executor; outside, use "
                                "IdempotentToolRunner(agent, run_id, step_id)")
@@ -384,7 +400,7 @@ class CheckpointedAgent:
             return
         prior = self._prior_calls(ex.run.run_id, step)
         tokens0, cost0 = step.tokens, step.cost_usd
-        token = _current_step.set((ex.run.run_id, step.id))
+        token = CURRENT_STEP.set((ex.run.run_id, step.id))
         try:
             out = executor(step, prior)
         except Exception as exc:
@@ -392,7 +408,7 @@ class CheckpointedAgent:
         else:
             plan = self._after_success(ex, step, out, tokens0, cost0)
         finally:
-            _current_step.reset(token)
+            CURRENT_STEP.reset(token)
         if plan:
             self._commit(ex, plan)
 
@@ -450,7 +466,7 @@ class CheckpointedAgent:
             return
         prior = self._prior_calls(ex.run.run_id, step)
         tokens0, cost0 = step.tokens, step.cost_usd
-        _current_step.set((ex.run.run_id, step.id))  # this task's own context copy
+        CURRENT_STEP.set((ex.run.run_id, step.id))  # this task's own context copy
         try:
             out: Any = executor(step, prior)
             if inspect.isawaitable(out):
@@ -540,11 +556,14 @@ class CheckpointedAgent:
     def _end_attempt(self, ex: _Execution, step: Step) -> None:
         ex.running.pop(step.id, None)
         ex.marked.discard(step.id)
-        self._tool_states.pop((ex.run.run_id, step.id), None)
+        self._tool_logs.forget(ex.run.run_id, step.id)
 
     def _after_success(self, ex: _Execution, step: Step, out: Any, tokens0: int,
                        cost0: float) -> list[Step] | None:
-        complete_step(step, out)
+        try:
+            complete_step(step, out, ex.run.run_id)
+        except UnstorableValueError as exc:
+            return self._refused_output(ex, step, exc)
         self._account(ex, step, tokens0, cost0)
         self._end_attempt(ex, step)
         ex.completed += 1
@@ -567,8 +586,14 @@ class CheckpointedAgent:
         if isinstance(exc, UnconfirmedActionError):  # retrying cannot help; failing would guess
             return self._stop(ex, step, RunStoppedError(
                 ex.run.run_id, step.id, n, exc, f"cannot tell whether an irreversible call happened: {exc}"))
+        if isinstance(exc, UnstorableValueError):  # e.g. a paid tool result the log refused:
+            # a retry would pay for the call again and meet the same refusal; stop and say why
+            return self._stop(ex, step, RunStoppedError(
+                ex.run.run_id, step.id, n, exc,
+                f"produced a value the store cannot keep ({exc.field}: {exc.reason})"))
         if not ex.retry.is_retryable(exc):
-            logger.warning("run %s: step %s failed permanently: %s", ex.run.run_id, step.id, step.error)
+            logger.warning("run %s: step %s failed permanently (%s): %s", ex.run.run_id, step.id,
+                           ex.retry.why_not_retried(exc), step.error)
             return self._fail(ex, step, step.error)
         if n < ex.retry.max_attempts:
             delay = ex.retry.delay(n, exc, ex.rng)
@@ -583,6 +608,22 @@ class CheckpointedAgent:
             logger.warning("run %s: step %s failed %d times: %s", ex.run.run_id, step.id, n, step.error)
             return self._fail(ex, step, step.error)
         return self._stop(ex, step, RetriesExhaustedError(ex.run.run_id, step.id, n, exc))
+
+    def _refused_output(self, ex: _Execution, step: Step, exc: UnstorableValueError) -> list[Step]:
+        """An executor output the store cannot keep stops the run at its step.
+
+        Retrying would only run the executor again for the same output, and failing the step
+        would fence its paid tool results off from a later retry. Stopping keeps them: the step
+        goes back to PENDING untouched, the run is "failed" with the reason, the error says
+        which field, and resume_run continues at this step with every paid call served from
+        the tool log.
+        """
+        self._end_attempt(ex, step)
+        step.error = f"{type(exc).__name__}: {exc}"
+        n = ex.attempts.get(step.id, 1)
+        return self._stop(ex, step, RunStoppedError(  # _stop logs it, with step.error
+            ex.run.run_id, step.id, n, exc,
+            f"returned an output the store cannot keep ({exc.field}: {exc.reason})"))
 
     def _stop(self, ex: _Execution, step: Step, error: RunStoppedError) -> list[Step]:
         step.status = StepStatus.PENDING
@@ -711,20 +752,12 @@ class CheckpointedAgent:
     # ------------------------------------------------------------------ tool-call support
 
     def _prior_calls(self, run_id: str, step: Step) -> list[ToolCall]:
-        calls = self.store.get_tool_call_history(run_id, step.id)
         start = step.metadata.get(TOOL_LOG_START, 0) if step.metadata else 0
-        return calls[start:] if start else calls
+        return self._tool_logs.prior_calls(run_id, step, int(start))
 
-    def _tool_state(self, run_id: str, step_id: str) -> ToolLogState:
-        key = (run_id, step_id)
-        state = self._tool_states.get(key)
-        if state is None:
-            state = ToolLogState()
-            calls = self.store.get_tool_call_history(run_id, step_id)
-            for call in calls[self._tool_log_start(run_id, step_id):]:
-                state.add(call)
-            self._tool_states[key] = state
-        return state
+    def tool_state(self, run_id: str, step_id: str) -> ToolLogState:
+        """The step's tool-log index (ToolHost)."""
+        return self._tool_logs.state(run_id, step_id)
 
     def _write_tool_call(self, run_id: str, step_id: str, tool_call: ToolCall) -> None:
         """The durable write of a tool call (a Worker's agent claims its step with it)."""
@@ -751,12 +784,24 @@ class CheckpointedAgent:
             return ex, ex.take([step])
         return None
 
-    def _tool_checkpoint(self, run_id: str, step_id: str, when: str, force: bool) -> None:
-        plan = self._tool_plan(run_id, step_id, when, force)
+    def before_tool_call(self, run_id: str, step_id: str) -> None:
+        """ToolHost: the lazy RUNNING mark, so the attempt count is durable before a real call."""
+        plan = self._tool_plan(run_id, step_id, "start", False)
         if plan is not None:
             self._commit(*plan)
 
-    async def _atool_checkpoint(self, run_id: str, step_id: str, when: str, force: bool) -> None:
-        plan = self._tool_plan(run_id, step_id, when, force)
+    async def abefore_tool_call(self, run_id: str, step_id: str) -> None:
+        plan = self._tool_plan(run_id, step_id, "start", False)
+        if plan is not None:
+            await self._acommit(*plan)
+
+    def after_tool_call(self, run_id: str, step_id: str, checkpoint: bool) -> None:
+        """ToolHost: a commit after the call when asked (`checkpoint=True`) or per tool call."""
+        plan = self._tool_plan(run_id, step_id, "done", checkpoint)
+        if plan is not None:
+            self._commit(*plan)
+
+    async def aafter_tool_call(self, run_id: str, step_id: str, checkpoint: bool) -> None:
+        plan = self._tool_plan(run_id, step_id, "done", checkpoint)
         if plan is not None:
             await self._acommit(*plan)

@@ -96,6 +96,24 @@ def retry_after_of(exc: BaseException) -> float | None:
     return float(value)
 
 
+# Errors that say the code is wrong, not the world: the same inputs fail the same way on every
+# attempt, so backing off only delays the report (a NameError retried like a 429 took 1,187 log
+# lines to reach RetriesExhaustedError). KeyError, IndexError and ValueError are left out on
+# purpose: code that reads an upstream reply (`reply["choices"]`) raises them when a rate-limited
+# or half-broken service answers with an error payload, and that is worth another try.
+PROGRAMMING_ERRORS: tuple[type[BaseException], ...] = (
+    NameError,  # UnboundLocalError too
+    TypeError,
+    AttributeError,
+    AssertionError,
+    ImportError,  # ModuleNotFoundError too
+    SyntaxError,  # IndentationError too
+    ZeroDivisionError,
+    NotImplementedError,
+    RecursionError,
+)
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """Whether and when a failed step attempt is tried again.
@@ -107,8 +125,13 @@ class RetryPolicy:
     jitter: fraction of the delay drawn at random and taken off (0.25: between 75% and
         100% of it), so that many agents rate-limited together do not retry together.
     max_retry_after: the longest `retry_after` honoured as given; longer requests are capped.
-    retry_on / give_up_on: which exceptions are retried; anything else (and anything in
-        give_up_on) fails the step at once.
+    retry_on: which exceptions are retried (default: any Exception) ...
+    never_retry: ... except these, which fail the step at once. Default `PROGRAMMING_ERRORS`
+        (NameError, TypeError, AttributeError, AssertionError, ImportError, SyntaxError,
+        ZeroDivisionError, NotImplementedError, RecursionError): a bug fails the same way every
+        time. `never_retry=()` retries them like anything else.
+    give_up_on: more exceptions that fail at once (your own permanent errors), on top of
+        never_retry; anything not in retry_on fails at once too.
     on_exhausted: "stop" ends the run with `RetriesExhaustedError`, the step left PENDING
         and the checkpoint intact so that the next process resumes there; "fail" marks the
         step FAILED, skips its dependants and carries on with the rest of the graph.
@@ -127,6 +150,7 @@ class RetryPolicy:
     on_exhausted: Literal["stop", "fail"] = "stop"
     max_total_attempts: int | None = None
     seed: int | None = field(default=None, compare=False)
+    never_retry: tuple[type[BaseException], ...] = PROGRAMMING_ERRORS  # last: positional order kept
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -148,7 +172,21 @@ class RetryPolicy:
         return cls(max_attempts=1)
 
     def is_retryable(self, exc: BaseException) -> bool:
-        return isinstance(exc, self.retry_on) and not isinstance(exc, self.give_up_on)
+        """Whether a failed attempt that raised `exc` is worth another one."""
+        return (isinstance(exc, self.retry_on) and not isinstance(exc, self.give_up_on)
+                and not isinstance(exc, self.never_retry))
+
+    def why_not_retried(self, exc: BaseException) -> str:
+        """Why `exc` fails the step at once, for the log line (empty if it is retryable)."""
+        if self.is_retryable(exc):
+            return ""
+        if isinstance(exc, self.never_retry) and isinstance(exc, self.retry_on) \
+                and not isinstance(exc, self.give_up_on):
+            return (f"{type(exc).__name__} is a programming error (RetryPolicy.never_retry): "
+                    "retrying cannot help")
+        if isinstance(exc, self.give_up_on):
+            return f"{type(exc).__name__} is in RetryPolicy.give_up_on"
+        return f"{type(exc).__name__} is not in RetryPolicy.retry_on"
 
     def delay(self, failed_attempts: int, exc: BaseException | None = None,
               rng: random.Random | None = None) -> float:

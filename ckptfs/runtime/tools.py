@@ -16,20 +16,20 @@ tool can hand to an API that deduplicates on one.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from ckptfs.errors import CkptfsError
 from ckptfs.format.models import ToolCall
+from ckptfs.runtime.host import ToolHost
+from ckptfs.runtime.tool_log import ToolLogState, cache_key, canonical_json, idempotency_key
 
-if TYPE_CHECKING:
-    from ckptfs.runtime.agent import CheckpointedAgent
+__all__ = ["Done", "IdempotentToolRunner", "ToolLogState", "UnconfirmedActionError", "cache_key",
+           "canonical_json", "idempotency_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,47 +53,6 @@ class Done:
     result: Any = None
 
 
-def canonical_json(arguments: Mapping[str, Any]) -> str:
-    """Arguments as JSON with sorted keys and no spaces: equal arguments give equal text."""
-    try:
-        return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                          allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"tool arguments must be JSON values (str keys, finite numbers): {exc}") from None
-
-
-def cache_key(tool_name: str, arguments: Mapping[str, Any]) -> str:
-    """sha256 of the tool name and the canonical arguments; stable across processes."""
-    return hashlib.sha256(f"{tool_name}\x00{canonical_json(arguments)}".encode()).hexdigest()
-
-
-def idempotency_key(run_id: str, step_id: str, index: int, key: str) -> str:
-    """The key an API may deduplicate on: the same call at the same place in a replay gives the same key."""
-    raw = f"{run_id}\x00{step_id}\x00{index}\x00{key}".encode()
-    return "ckpt-" + hashlib.sha256(raw).hexdigest()[:32]
-
-
-@dataclass
-class ToolLogState:
-    """One step's tool log, indexed: completed results by cache key, intents still open."""
-
-    completed: dict[str, ToolCall] = field(default_factory=dict)
-    open_intents: dict[str, ToolCall] = field(default_factory=dict)
-
-    def add(self, call: ToolCall) -> None:
-        key = call.cache_key
-        if key is None:
-            try:
-                key = cache_key(call.tool_name, call.arguments)
-            except TypeError:
-                return  # a hand-logged call with odd arguments: audit only
-        if call.phase == "intent":
-            self.open_intents[key] = call
-        elif call.phase == "completed" and call.error is None:
-            self.completed[key] = call
-            self.open_intents.pop(key, None)
-
-
 def _guard_says_done(decision: object) -> Done | None:
     if isinstance(decision, Done):
         return decision
@@ -113,7 +72,7 @@ class IdempotentToolRunner:
     creating one per call is fine.
     """
 
-    def __init__(self, agent: CheckpointedAgent, run_id: str, step_id: str) -> None:
+    def __init__(self, agent: ToolHost, run_id: str, step_id: str) -> None:
         self.agent = agent
         self.run_id = run_id
         self.step_id = step_id
@@ -123,7 +82,7 @@ class IdempotentToolRunner:
 
     @property
     def _state(self) -> ToolLogState:
-        return self.agent._tool_state(self.run_id, self.step_id)
+        return self.agent.tool_state(self.run_id, self.step_id)
 
     def _prepare(self, tool_name: str, arguments: Mapping[str, Any]) -> tuple[str, str]:
         if not isinstance(tool_name, str) or not tool_name:
@@ -192,12 +151,16 @@ class IdempotentToolRunner:
         """
         key, idem = self._prepare(tool_name, arguments)
         hit, result, reuse = self._replay(tool_name, key, irreversible, guard)
+        if not hit:
+            seen = self._state.revision
+            self.agent.before_tool_call(self.run_id, self.step_id)
+            if self._state.revision != seen:  # records logged elsewhere came in: look again
+                hit, result, reuse = self._replay(tool_name, key, irreversible, guard)
         idem = reuse or idem
         if hit:
             if reuse is not None:  # the guard confirmed it: close the intent
                 self._log(self._record(tool_name, arguments, key, idem, "completed", result))
             return result
-        self.agent._tool_checkpoint(self.run_id, self.step_id, "start", False)
         if irreversible and reuse is None:
             self._log(self._record(tool_name, arguments, key, idem, "intent"))
         started = time.perf_counter()
@@ -209,7 +172,7 @@ class IdempotentToolRunner:
             raise
         self.real_calls += 1
         self._log(self._record(tool_name, arguments, key, idem, "completed", result, started=started))
-        self.agent._tool_checkpoint(self.run_id, self.step_id, "done", checkpoint)
+        self.agent.after_tool_call(self.run_id, self.step_id, checkpoint)
         return result
 
     async def arun(self, tool_name: str, arguments: Mapping[str, Any], fn: Callable[..., Any], *,
@@ -218,12 +181,16 @@ class IdempotentToolRunner:
         """`run` for async code: `fn` may be a coroutine function; store writes leave the loop."""
         key, idem = self._prepare(tool_name, arguments)
         hit, result, reuse = self._replay(tool_name, key, irreversible, guard)
+        if not hit:
+            seen = self._state.revision
+            await self.agent.abefore_tool_call(self.run_id, self.step_id)
+            if self._state.revision != seen:
+                hit, result, reuse = self._replay(tool_name, key, irreversible, guard)
         idem = reuse or idem
         if hit:
             if reuse is not None:
                 await self._alog(self._record(tool_name, arguments, key, idem, "completed", result))
             return result
-        await self.agent._atool_checkpoint(self.run_id, self.step_id, "start", False)
         if irreversible and reuse is None:
             await self._alog(self._record(tool_name, arguments, key, idem, "intent"))
         started = time.perf_counter()
@@ -237,12 +204,11 @@ class IdempotentToolRunner:
             raise
         self.real_calls += 1
         await self._alog(self._record(tool_name, arguments, key, idem, "completed", result, started=started))
-        await self.agent._atool_checkpoint(self.run_id, self.step_id, "done", checkpoint)
+        await self.agent.aafter_tool_call(self.run_id, self.step_id, checkpoint)
         return result
 
     def _log(self, call: ToolCall) -> None:
         self.agent.record_tool_call(self.run_id, self.step_id, call)
 
     async def _alog(self, call: ToolCall) -> None:
-        await self.agent._io(self.agent._write_tool_call, self.run_id, self.step_id, call)
-        self.agent._tool_state(self.run_id, self.step_id).add(call)
+        await self.agent.arecord_tool_call(self.run_id, self.step_id, call)

@@ -15,7 +15,9 @@ create, CAS renewals, observed expiry) and commits the step under the lease's ge
   repeated;
 * a worker that stalls past its lease and wakes up (a suspended VM) is fenced off: its late
   commit is refused with LeaseLostError and it makes no new tool call, since every real call
-  first checks the lease is still trusted.
+  first checks the lease is still trusted. The result of a call it had in flight is still
+  logged (a tool-log record is never fenced), and its successor looks at the log again before
+  each real call, so a result that landed first is replayed rather than paid for again.
 
 Coordination is the bucket's conditional writes and nothing else: no server, no clock
 agreement. Commits from different workers merge (each writes only its step) and a worker
@@ -27,6 +29,7 @@ and whatever depends on it is SKIPPED when the run is finished.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import inspect
 import logging
@@ -39,9 +42,11 @@ from typing import Any
 
 from ckptfs.errors import ConflictError, LeaseLostError, StepCompletedError
 from ckptfs.format.models import AgentRun, Step, StepStatus, ToolCall
-from ckptfs.runtime.agent import CheckpointedAgent, Executor, StepResult, _current_step, complete_step
+from ckptfs.runtime.agent import Executor, StepResult, complete_step
+from ckptfs.runtime.host import CURRENT_STEP
 from ckptfs.runtime.policy import RetryPolicy
 from ckptfs.runtime.resume import SKIP_REASON, TOOL_LOG_START, downstream
+from ckptfs.runtime.tool_log import ToolLogs, ToolLogState
 from ckptfs.runtime.tools import IdempotentToolRunner
 from ckptfs.store.checkpoint_store import CheckpointStore
 from ckptfs.store.leases import DEFAULT_TTL, Heartbeat, Lease, LeaseManager
@@ -75,26 +80,35 @@ class WorkReport:
                 + len(self.done_elsewhere))
 
 
-class _LeasedAgent(CheckpointedAgent):
-    """The tool-call plumbing of CheckpointedAgent, with a lease check before every real call."""
+class _LeaseHost:
+    """A Worker's tool host: the log caught up and the lease checked before every real call,
+    and every paid result logged, whatever the lease (the store's fence decides what counts)."""
 
-    def __init__(self, store: CheckpointStore, worker: Worker) -> None:
-        super().__init__(store)
-        self._worker = worker
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.logs = ToolLogs(worker.store, worker._tool_log_start)
 
-    def _write_tool_call(self, run_id: str, step_id: str, tool_call: ToolCall) -> None:
-        self._worker._log_call(run_id, step_id, tool_call)
+    def tool_state(self, run_id: str, step_id: str) -> ToolLogState:
+        return self.logs.state(run_id, step_id)
 
-    def _tool_checkpoint(self, run_id: str, step_id: str, when: str, force: bool) -> None:
-        if when == "start":
-            self._worker._check(run_id, step_id)
+    def before_tool_call(self, run_id: str, step_id: str) -> None:
+        self.worker._before_call(run_id, step_id)
 
-    async def _atool_checkpoint(self, run_id: str, step_id: str, when: str, force: bool) -> None:
-        self._tool_checkpoint(run_id, step_id, when, force)
+    async def abefore_tool_call(self, run_id: str, step_id: str) -> None:
+        await asyncio.to_thread(self.worker._before_call, run_id, step_id)  # reads the store
 
-    def _tool_log_start(self, run_id: str, step_id: str) -> int:
-        step = self._worker._steps.get((run_id, step_id))
-        return int(step.metadata.get(TOOL_LOG_START, 0)) if step is not None else 0
+    def after_tool_call(self, run_id: str, step_id: str, checkpoint: bool) -> None:
+        return None  # a worker commits its claim with the call's record and its outcome after
+
+    async def aafter_tool_call(self, run_id: str, step_id: str, checkpoint: bool) -> None:
+        return None
+
+    def record_tool_call(self, run_id: str, step_id: str, tool_call: ToolCall) -> None:
+        self.worker._log_call(run_id, step_id, tool_call)
+        self.logs.add(run_id, step_id, tool_call)
+
+    async def arecord_tool_call(self, run_id: str, step_id: str, tool_call: ToolCall) -> None:
+        await asyncio.to_thread(self.record_tool_call, run_id, step_id, tool_call)
 
 
 class Worker:
@@ -123,7 +137,7 @@ class Worker:
         self.retry = retry or RetryPolicy()
         self.poll_interval = poll_interval
         self.durable_attempts = durable_attempts
-        self._agent = _LeasedAgent(store, self)
+        self._host = _LeaseHost(self)
         self._claimed: set[tuple[str, str]] = set()
         self._claim_lock = threading.Lock()
         self._releases: list[concurrent.futures.Future[bool]] = []
@@ -132,14 +146,19 @@ class Worker:
         self._steps: dict[tuple[str, str], Step] = {}
         self._rng = random.Random()
 
+    def _tool_log_start(self, run_id: str, step_id: str) -> int:
+        """Where the step's current attempt starts in its tool log (a reset fences off the rest)."""
+        step = self._steps.get((run_id, step_id))
+        return int(step.metadata.get(TOOL_LOG_START, 0)) if step is not None else 0
+
     # ----------------------------------------------------------------------- public API
 
     def tools(self) -> IdempotentToolRunner:
         """The tool runner of the step the calling executor runs (as `agent.tools()`)."""
-        cur = _current_step.get()
+        cur = CURRENT_STEP.get()
         if cur is None:
             raise RuntimeError("worker.tools() is only available inside an executor")
-        return IdempotentToolRunner(self._agent, cur[0], cur[1])
+        return IdempotentToolRunner(self._host, cur[0], cur[1])
 
     def work(self, run_id: str, executor: Executor, *, max_steps: int | None = None,
              idle_timeout: float | None = None) -> WorkReport:
@@ -245,9 +264,10 @@ class Worker:
                 self._steps[key] = step
                 if not self._claim(run_id, step, hb, report):
                     return
-                self._agent._tool_states.pop(key, None)  # another worker may have logged calls
-                prior = self._agent._prior_calls(run_id, step)
-                token = _current_step.set(key)
+                self._host.logs.forget(*key)  # another worker may have logged calls
+                prior = self._host.logs.prior_calls(run_id, step,
+                                                    self._tool_log_start(run_id, step.id))
+                token = CURRENT_STEP.set(key)
                 try:
                     out: Any = executor(step, prior)
                     if inspect.isawaitable(out):
@@ -260,13 +280,13 @@ class Worker:
                     self._failed(run_id, step, hb, exc, report)
                     return
                 finally:
-                    _current_step.reset(token)
+                    CURRENT_STEP.reset(token)
                 self._succeeded(run_id, step, hb, out, report)
         finally:
             self._beats.pop(key, None)
             self._steps.pop(key, None)
             self._claimed.discard(key)
-            self._agent._tool_states.pop(key, None)
+            self._host.logs.forget(*key)
             # A CAS, a no-op if the lease is no longer ours. Off the critical path: the next
             # step need not wait for it, and until it lands others only see the step held.
             self._release_later(hb.lease)
@@ -287,25 +307,68 @@ class Worker:
         eager = self.durable_attempts or not hb.lease.created
         return self._commit(run_id, step, hb, report) if eager else True
 
+    def _before_call(self, run_id: str, step_id: str) -> None:
+        """Before a real (paid) call: the lease must still be trusted, and the step's tool log
+        must include what another holder of the step logged since we looked.
+
+        A holder we took the step over from may log the result of a call it had in flight
+        after we claimed the step (`_log_call` always writes it). Our index of the log was
+        read at the claim; catching up here (one LIST, a GET per new record) lets the runner
+        serve that result instead of paying again. A step whose lease we created had no
+        holder before us, and costs nothing here. The lease is checked last, right before
+        the call: LeaseLostError if it is no longer trusted.
+        """
+        hb = self._beats.get((run_id, step_id))
+        if hb is None:
+            return
+        lease = hb.lease
+        if not (lease.created and lease.generation == 1):
+            self.store.refresh(run_id)
+            state = self._host.logs.state(run_id, step_id)
+            start = self._tool_log_start(run_id, step_id)
+            for call in self.store.get_tool_call_history(run_id, step_id)[start:]:
+                state.add(call)
+        hb.check()
+
     def _log_call(self, run_id: str, step_id: str, call: ToolCall) -> None:
-        """A tool call's durable record, under the lease (and carrying the claim, if not yet
-        made). LeaseLostError goes up through the executor: the step is no longer ours."""
+        """A tool call's durable record, always written: the call happened, whoever may now
+        hold the step. Under the lease (carrying the claim, if not yet made) while the store's
+        fence accepts it. Once fenced off (a newer generation claimed the step, or it finished)
+        the call goes to the step's tool log on its own, a record nobody fences, so that the
+        holder replays it instead of paying again; then LeaseLostError goes up through the
+        executor: the step is no longer ours."""
         key = (run_id, step_id)
         step, hb = self._steps.get(key), self._beats.get(key)
         if step is None or hb is None:
             self.store.log_tool_call(run_id, step_id, call)
             return
-        self._commit_with_retries(run_id, step, hb, call)
+        try:
+            self._commit_with_retries(run_id, step, hb, call)
+        except LeaseLostError as exc:
+            self.store.log_tool_call(run_id, step_id, call)
+            logger.warning("run %s: step %s: %s; the paid result of %s is logged for the holder",
+                           run_id, step_id, exc, call.tool_name)
+            raise
 
     def _commit_with_retries(self, run_id: str, step: Step, hb: Heartbeat,
                              call: ToolCall | None = None) -> None:
         """Commit under the lease; a lost race is retried for as long as minutes (60 rounds of
-        commit_step's own rebases): what is committed here was paid for."""
+        commit_step's own rebases): what is committed here was paid for.
+
+        The store's fence decides, not our trust in the lease: that trust (0.8 ttl from the
+        last renewal sent) is what a *call* needs before it starts, since nothing can take a
+        call back. A write can be taken back: commit_step refuses it (LeaseLostError) once a
+        newer generation has claimed the step, and a successor's claim is refused once the
+        step finished. So a commit made after our trust ran out, with nobody having taken
+        over, is simply valid; one that a slow renewal would otherwise throw away is kept.
+        Only a lease the heartbeat saw taken over is given up at once."""
         key = (run_id, step.id)
         for rounds in range(60):
             try:
                 with self._claim_lock:  # tool calls from several threads: one claim between them
-                    self.store.commit_step(run_id, step, hb.check(),
+                    if hb.lost is not None:
+                        raise hb.lost
+                    self.store.commit_step(run_id, step, hb.lease,
                                            claim=key not in self._claimed, tool_call=call)
                     self._claimed.add(key)
                 return
@@ -400,15 +463,8 @@ class Worker:
             self._release_pool.shutdown(wait=True)
             self._release_pool = None
 
-    def _check(self, run_id: str, step_id: str) -> None:
-        hb = self._beats.get((run_id, step_id))
-        if hb is not None:
-            hb.check()
-
 
 def _run_coroutine(coro: Any) -> Any:
-    import asyncio
-
     return asyncio.run(_await(coro))
 
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from typing import IO, BinaryIO
 
-from ckptfs.errors import CkptfsError, CorruptFileError
+from ckptfs.errors import CkptfsError, CorruptFileError, UnreadableFileError
 from ckptfs.format.keys import artifact_key
 from ckptfs.format.models import ArtifactRef
 from ckptfs.storage.base import Storage
@@ -81,6 +81,12 @@ class _VerifyingReader(io.RawIOBase):
     def close(self) -> None:
         self._inner.close()
         super().close()
+
+
+def _unreadable(ref: ArtifactRef, exc: PermissionError) -> UnreadableFileError:
+    """A backend's PermissionError on one object (S3 AccessDenied) as the domain condition the
+    readers skip like a damaged file; local disk raises UnreadableFileError itself."""
+    return UnreadableFileError(ref.uri, f"cannot be read: {exc}")
 
 
 class ArtifactStore:
@@ -172,11 +178,18 @@ class ArtifactStore:
 
     def open(self, ref: ArtifactRef) -> BinaryIO:
         """A stream of the artifact that raises CorruptFileError at the end if it was altered."""
-        raw = _VerifyingReader(self.storage.open_read(ref.uri), ref)
-        return io.BufferedReader(raw, _CHUNK)
+        try:
+            inner = self.storage.open_read(ref.uri)
+        except PermissionError as exc:
+            raise _unreadable(ref, exc) from None
+        return io.BufferedReader(_VerifyingReader(inner, ref), _CHUNK)
 
     def read(self, ref: ArtifactRef) -> bytes:
-        data = self.storage.get(ref.uri)
+        """The artifact's bytes, checked against its size and sha256 (CorruptFileError if not)."""
+        try:
+            data = self.storage.get(ref.uri)
+        except PermissionError as exc:
+            raise _unreadable(ref, exc) from None
         if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256:
             raise CorruptFileError(ref.uri, "artifact content does not match its sha256")
         return data

@@ -340,7 +340,10 @@ class Heartbeat:
     """Renews one lease in a background thread until stopped; `lost` says if it could not.
 
     Renewing every ttl/4 leaves three chances before the holder's own trust runs out at
-    ttl * SAFETY, so one slow or failed request never costs the lease.
+    ttl * SAFETY, so one slow or failed request never costs the lease. The beat is kept from
+    one renewal's *start* to the next: a renewal that was slow to come back (a slow link, a
+    request retried) is followed by the next one at once rather than a full interval later,
+    since both the holder's trust and a contender's patience are counted from its writes.
     """
 
     def __init__(self, manager: LeaseManager, lease: Lease, interval: float | None = None) -> None:
@@ -381,7 +384,9 @@ class Heartbeat:
         return lease
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        due = time.monotonic() + self.interval
+        while not self._stop.wait(max(0.0, due - time.monotonic())):
+            due = time.monotonic() + self.interval
             try:
                 renewed = self.manager.renew(self.lease)
             except LeaseLostError as exc:

@@ -1,0 +1,39 @@
+"""Durations as people write them ('90', '30s', '15m', '1h30m', '7d', '2w'): one parser for the
+config file, the environment and every CLI option, so `24h` means the same everywhere."""
+
+from __future__ import annotations
+
+import re
+
+from ckptfs.errors import ConfigError
+
+_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+
+
+def parse_duration(text: str | float | int, *, allow_zero: bool = False) -> float:
+    """Seconds in a duration; ConfigError (a ValueError) naming the text for anything else.
+
+    A bare number is seconds and may only stand last ('1h30' is refused: 30 what?). Zero is
+    refused unless `allow_zero` (an interval of 0 would spin; a grace period of 0 is a choice).
+    """
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        seconds = float(text)
+        if seconds != seconds or seconds in (float("inf"), float("-inf")):
+            raise ConfigError(f"{text!r} is not a duration")
+    else:
+        s = str(text).strip().lower()
+        pos, seconds = 0, 0.0
+        for m in _PART.finditer(s):
+            if m.start() != pos or (m.group(2) == "" and m.end() != len(s)):
+                break
+            seconds += float(m.group(1)) * _UNITS[m.group(2)]
+            pos = m.end()
+            while pos < len(s) and s[pos] == " ":
+                pos += 1
+        if not s or pos != len(s):
+            raise ConfigError(f"{text!r} is not a duration: a number with optional units s/m/h/d/w "
+                              f"(e.g. 30s, 24h, 1h30m)")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        raise ConfigError(f"duration {text!r} must be {'zero or ' if allow_zero else ''}positive")
+    return seconds

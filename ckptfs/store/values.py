@@ -1,0 +1,172 @@
+"""What a commit may write: values a load gives back equal, large ones planned for artifacts/.
+
+The writer's half of "whatever a commit acknowledges, a load returns": every changed value is
+checked (`codec.model_problem`) and serialised strictly before a byte is written, and a value
+over the artifact threshold is only *planned* as an artifact; the commit writes the planned
+artifacts once every check has passed, right before the record that points at them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic_core import PydanticSerializationError
+
+from ckptfs.errors import NonFiniteValueError, RecordTooLargeError, UnstorableValueError
+from ckptfs.format import codec
+from ckptfs.format.changes import Changes
+from ckptfs.format.keys import artifact_key
+from ckptfs.format.models import ArtifactRef, Step, ToolCall
+from ckptfs.format.reader import REFS_FIELD
+from ckptfs.store.artifacts import ArtifactStore
+
+
+@dataclass(frozen=True)
+class PendingArtifact:
+    """A large value a commit moves to artifacts/: its bytes and the reference the record keeps."""
+
+    raw: bytes
+    ref: ArtifactRef
+
+
+
+class ValuePlanner:
+    """Checks and serialises what a commit changes; moves large values to artifacts/."""
+
+    def __init__(self, artifacts: ArtifactStore, artifact_threshold: int) -> None:
+        self.artifacts = artifacts
+        self.artifact_threshold = artifact_threshold
+
+    @staticmethod
+    def check_storable(run_id: str, step_id: str | None, model: BaseModel, prefix: str = "",
+                        exclude: frozenset[str] = frozenset()) -> None:
+        """Refuse a value a load would not give back (codec.model_problem says which and why).
+
+        Called on what a commit is about to write, before anything is: NaN in a float field
+        becomes null (the record then fails validation and every later load skips it, taking
+        every later commit along), a giant int makes the record unreadable, a set or tuple
+        comes back as a list. O(the changed values), so the hot path stays O(change).
+        """
+        got = codec.model_problem(model, prefix, exclude)
+        if got is not None:
+            cls = NonFiniteValueError if got.nonfinite else UnstorableValueError
+            raise cls(run_id, step_id, got.path, got.reason)
+
+    @staticmethod
+    def model_json_of(model: BaseModel, run_id: str, step_id: str | None, prefix: str = "",
+                    exclude: set[str] | None = None) -> bytes:
+        """A model's JSON, strictly: a value pydantic cannot serialise, or one that does not
+        fit its field's type (a str in an int field of a model that does not validate
+        assignments, which a load would refuse), is UnstorableValueError, not a traceback."""
+        try:
+            return model.model_dump_json(exclude=exclude, warnings="error").encode()
+        except PydanticSerializationError as exc:
+            what = type(model).__name__
+            raise UnstorableValueError(run_id, step_id, f"{prefix}{what}",
+                                       f"cannot be stored as JSON: {exc}") from None
+
+    def offload_step(self, step: Step, model_json: bytes, pending: list[PendingArtifact]) -> bytes:
+        """Persisted JSON of a step: large result values become artifact references.
+
+        The artifacts are only planned here (`pending`); `_commit` writes them once every
+        check has passed, right before the record that points at them, so a refused commit
+        writes nothing at all.
+        """
+        if len(model_json) <= self.artifact_threshold:
+            return model_json
+        doc = json.loads(model_json)
+        refs: dict[str, Any] = {}
+        if isinstance(step.result, str) and len(step.result) > self.artifact_threshold:
+            ref = self.plan_artifact(step.result.encode(), "text/plain; charset=utf-8",
+                                      step.result[:200], pending)
+            refs["result"] = ref.model_dump()
+            doc["result"] = ref.summary
+        for i, call in enumerate(doc.get("tool_calls", [])):
+            frag = self.offload_value(call.get("result"), pending)
+            if frag is not None:
+                refs[f"tool_calls.{i}.result"] = frag.model_dump()
+                call["result"] = frag.summary
+        if not refs:
+            return model_json
+        doc[REFS_FIELD] = refs
+        return codec.dumps(doc)
+
+    def offload_value(self, value: Any, pending: list[PendingArtifact]) -> ArtifactRef | None:
+        if value is None:
+            return None
+        raw = codec.dumps(value)
+        if len(raw) <= self.artifact_threshold:
+            return None
+        summary = value[:200] if isinstance(value, str) else raw[:200].decode(errors="replace")
+        return self.plan_artifact(raw, "application/json", summary, pending)
+
+    @staticmethod
+    def plan_artifact(raw: bytes, media_type: str, summary: str,
+                       pending: list[PendingArtifact]) -> ArtifactRef:
+        """The reference `artifacts.put` will return for `raw`, without writing it yet."""
+        sha = codec.sha256_hex(raw)
+        ref = ArtifactRef(uri=artifact_key(sha), sha256=sha, size=len(raw), media_type=media_type,
+                          summary=summary)
+        pending.append(PendingArtifact(raw, ref))
+        return ref
+
+    def store_artifacts(self, pending: Iterable[PendingArtifact]) -> None:
+        """Write planned artifacts (data before the record that points at them: restic's order)."""
+        for p in pending:
+            got = self.artifacts.put(p.raw, p.ref.media_type, p.ref.summary)
+            if got != p.ref:  # the record would point at other bytes than were stored
+                raise RuntimeError(f"artifact store returned {got.uri}, planned {p.ref.uri}")
+
+    def tool_call_json(self, call: ToolCall, pending: list[PendingArtifact], run_id: str,
+                        step_id: str) -> bytes:
+        """A tool call's persisted JSON, checked first (a paid result is logged only if a load
+        can give it back), its large result planned as an artifact."""
+        where = f"tool call {call.tool_name!r} "
+        self.check_storable(run_id, step_id, call, where)
+        model_json = self.model_json_of(call, run_id, step_id, where)
+        if len(model_json) <= self.artifact_threshold:
+            return model_json
+        ref = self.offload_value(call.result, pending)
+        if ref is None:
+            return model_json
+        doc = json.loads(model_json)
+        doc["result"] = ref.summary
+        doc[REFS_FIELD] = {"result": ref.model_dump()}
+        return codec.dumps(doc)
+
+    @staticmethod
+    def too_large(run_id: str, changes: Changes, exc: RecordTooLargeError) -> RecordTooLargeError:
+        """The size refusal, naming the biggest value of the record (the one to move out)."""
+        frags: list[tuple[int, str | None, str, bytes]] = []
+        if changes.run is not None:
+            frags.append((len(changes.run), None, "", changes.run))
+        frags += [(len(f), sid, "", f) for sid, f in changes.steps.items() if f is not None]
+        frags += [(len(f), sid, "tool_log.", f) for sid, calls in changes.tool_log.items()
+                  for f in calls]
+        if not frags:
+            return exc
+        size, step_id, prefix, frag = max(frags, key=lambda t: t[0])
+        field_name, field_size = "record", size
+        with contextlib.suppress(ValueError):
+            doc = json.loads(frag)
+            if isinstance(doc, dict) and doc:
+                sizes = {k: len(codec.dumps(v)) for k, v in doc.items()}
+                field_name = max(sizes, key=lambda k: sizes[k])
+                field_size = sizes[field_name]
+                inner = doc[field_name]
+                if isinstance(inner, dict) and inner:
+                    sub = {k: len(codec.dumps(v)) for k, v in inner.items()}
+                    big = max(sub, key=lambda k: sub[k])
+                    if sub[big] * 2 > field_size:
+                        field_name, field_size = f"{field_name}.{big}", sub[big]
+        return RecordTooLargeError(
+            run_id, step_id, f"{prefix}{field_name}",
+            f"{field_size} bytes inline make the record too large: {exc.reason} (only step "
+            "results and tool results over the artifact threshold move to artifacts/; put a "
+            "large value there with put_artifact() and keep the reference)")
+
