@@ -27,7 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from backends.s3.embedded import EmbeddedS3  # noqa: E402
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus  # noqa: E402
-from ckptfs.replication.mirror import mirror, restore  # noqa: E402
+from ckptfs.replication.mirror import mirror  # noqa: E402
+from ckptfs.replication.restore import restore  # noqa: E402
 
 RUN = "bench-run"
 

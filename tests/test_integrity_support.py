@@ -83,12 +83,15 @@ KINDS = ("flip", "truncate", "delete", "swap", "copy-run", "temp", "delete-artif
 
 
 def detectable_deletions(keys: list[str]) -> list[str]:
-    """Journal records whose loss is visible: above the oldest snapshot and not the uncovered newest.
+    """Journal records whose loss loses something: above the oldest snapshot, not the uncovered
+    newest, and with no delta or snapshot ending at their version.
 
-    Deleting the newest journal record when no delta or snapshot ends at it leaves a store
-    identical to one that never committed that version; deleting a delta or a snapshot that
-    another snapshot covers leaves a store a writer could have produced. Neither is damage
-    verify can prove, so they are not mutations here (see the README).
+    Deleting the newest journal record when nothing else ends at it leaves a store identical
+    to one that never committed that version; deleting a record that a delta or snapshot
+    ending at the same version covers leaves every version loadable, exactly as a mirror's
+    restore points are (clean by definition: every version still loads, see the README);
+    deleting a delta or a snapshot that another snapshot covers leaves a store a writer could
+    have produced. None of these is damage verify can prove, so they are not mutations here.
     """
     by_run: dict[str, list[tuple[int, str, str]]] = {}
     for k in keys:
@@ -102,8 +105,26 @@ def detectable_deletions(keys: list[str]) -> list[str]:
         for v, kind, k in files:
             if kind != "log" or v <= floor:
                 continue
+            if any(v2 == v and kind2 != "log" for v2, kind2, _ in files):
+                continue  # a delta or snapshot ending at v holds the same state
             if any(v2 >= v and k2 != k for v2, _, k2 in files):
                 out.append(k)
+    return out
+
+
+def _loadable(root: Path, run_id: str) -> dict[int, str]:
+    """Every stored version of a run that loads exactly, with its state: the ground truth of
+    what a deletion lost (a fresh store each time, so nothing cached hides a loss)."""
+    store = CheckpointStore(str(root), policy=POLICY)
+    out = {}
+    for v in store.list_versions(run_id):
+        try:
+            run = store.load_run(run_id, version=v)
+        except Exception:
+            continue
+        if run is not None and store.last_load is not None and not store.last_load.skipped:
+            out[v] = run.model_dump_json()
+    store.close()
     return out
 
 
@@ -123,10 +144,17 @@ def mutate(root: Path, rng: random.Random, kind: str, referenced: list[str]) -> 
         (root / key).write_bytes(new)
         return Mutation(kind, {key}, {key: data})
     if kind == "delete":
-        key = rng.choice(detectable_deletions(keys))
-        data = (root / key).read_bytes()
-        (root / key).unlink()
-        return Mutation(kind, {key}, {key: data})
+        cands = detectable_deletions(keys)
+        rng.shuffle(cands)
+        for key in cands:
+            data = (root / key).read_bytes()
+            before = _loadable(root, key.split("/")[1])
+            (root / key).unlink()
+            if _loadable(root, key.split("/")[1]) != {v: s for v, s in before.items()
+                                                      if f"/{v:012d}." not in key or "/log/" not in key}:
+                return Mutation(kind, {key}, {key: data})
+            (root / key).write_bytes(data)  # every other version still loads: not damage
+        raise AssertionError("no deletion that loses a loadable version")
     if kind == "delete-artifact":
         key = rng.choice(referenced)
         data = (root / key).read_bytes()

@@ -12,7 +12,8 @@ import pytest
 from backends.s3.embedded import EmbeddedS3
 from ckptfs import AgentRun, CheckpointStore, CompactionPolicy, Step, StepStatus, ToolCall
 from ckptfs.format.keys import artifact_key, parse_artifact_key, parse_run_key
-from ckptfs.replication.mirror import mirror, restore, restore_points
+from ckptfs.replication.mirror import mirror
+from ckptfs.replication.restore import restore, restore_points
 from ckptfs.storage.base import Storage
 from ckptfs.storage.memory import MemoryStorage
 from ckptfs.storage.registry import open_storage
@@ -245,22 +246,23 @@ def test_a_long_lived_mirror_looks_again_for_artifacts_a_prune_of_the_mirror_too
     import importlib
 
     from ckptfs.format.keys import parse_artifact_key
+    from ckptfs.replication.mirror import Mirror
+    from ckptfs.replication.report import NoProgress
 
     mirror_module = importlib.import_module("ckptfs.replication.mirror")
     src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
     store = CheckpointStore(src, policy=POLICY, artifact_threshold=1024)
     work(store, RUN, 9, stop_after=5)
-    m = mirror_module._Mirror(src, dst, src_options=None, dst_options=None, workers=2, attempts=1,
-                              base_delay=0.0)
+    m = Mirror(src, dst, src_options=None, dst_options=None, workers=2, attempts=1, base_delay=0.0)
     try:
-        assert m.pass_(None, 1, True, None, mirror_module._NoProgress()).ok
+        assert m.pass_(None, 1, True, None, NoProgress()).ok
         arts = [p for p in (tmp_path / "dst").rglob("*") if p.is_file()
                 and parse_artifact_key(str(p.relative_to(tmp_path / "dst"))) is not None]
         assert arts
         arts[0].unlink()  # a prune of the mirror collected it (say its referencing runs were gone)
         work(store, RUN, 9)  # the run moves on and still references it
         monkeypatch.setattr(mirror_module, "TOUCH_AFTER", 0.0)
-        assert m.pass_(None, 1, True, None, mirror_module._NoProgress()).ok
+        assert m.pass_(None, 1, True, None, NoProgress()).ok
     finally:
         m.close()
         store.close()

@@ -58,6 +58,10 @@ def test_usage_errors_and_unreachable_exit_2(tmp_path: Path, capsys: pytest.Capt
         main(["mirror", src, "memory://m", "--interval", "5m", "--cron", "* * * * *"])
     assert exc.value.code == 2
     assert main(["mirror", src, "memory://m", "--interval", "soon"]) == 2
+    # nothing stored at SRC: exit 2 before anything is sent
+    assert main(["mirror", src, "memory://m", "--once", "--no-progress"]) == 2
+    assert "nothing is stored at" in capsys.readouterr().err
+    work(CheckpointStore(src, policy=POLICY, artifact_threshold=1024), RUN, 3)
     port = free_port()
     code = main(["mirror", src, "s3://ckptfs-x/m", "--attempts", "1", "--no-progress",
                  "--mirror-option", f"client_kwargs.endpoint_url=http://127.0.0.1:{port}",

@@ -20,7 +20,8 @@ from test_mirror import POLICY, state, work
 from backends.s3.embedded import EmbeddedS3, free_port
 from ckptfs import CheckpointStore
 from ckptfs.cli import main as cli_main
-from ckptfs.replication.mirror import mirror, restore
+from ckptfs.replication.mirror import mirror
+from ckptfs.replication.restore import restore
 from ckptfs.storage.registry import open_storage
 
 RUN = "paper-run"

@@ -12,7 +12,7 @@ from test_mirror import POLICY, Recording, work
 
 from ckptfs import CheckpointStore
 from ckptfs.errors import ConfigError
-from ckptfs.replication.mirror import MirrorJob
+from ckptfs.replication.job import MirrorJob
 from ckptfs.storage.registry import open_storage
 
 RUN = "paper-run"

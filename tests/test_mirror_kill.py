@@ -19,7 +19,8 @@ from test_mirror import POLICY, state, work
 
 from backends.s3.embedded import EmbeddedS3
 from ckptfs import CheckpointCorruptError, CheckpointStore
-from ckptfs.replication.mirror import mirror, restore
+from ckptfs.replication.mirror import mirror
+from ckptfs.replication.restore import restore
 
 RUNS = ("run-a", "run-b")
 

@@ -15,7 +15,8 @@ from ckptfs import AgentRun, CheckpointStore, Step
 from ckptfs.cli import main
 from ckptfs.integrations.langgraph import CkptfsSaver
 from ckptfs.maintenance.verify import verify
-from ckptfs.replication.mirror import LANGGRAPH_ENTRY, mirror
+from ckptfs.replication.mirror import mirror
+from ckptfs.replication.report import LANGGRAPH_ENTRY
 from tests.test_langgraph_saver import _put_chain
 
 
@@ -97,7 +98,7 @@ def test_a_log_copied_mid_append_restores_as_an_earlier_state(tmp_path: Path, s3
     assert ("lg-damaged-record", key) in codes
     remote.put(key, whole[: len(whole) - 100])  # what a copy taken in the middle of the 5th put holds
     dst = str(tmp_path / "b")
-    from ckptfs.replication.mirror import restore
+    from ckptfs.replication.restore import restore
 
     assert restore(s3_url, dst, src_options=s3.storage_options).ok
     history = _history(dst, "t")
@@ -110,7 +111,7 @@ def test_a_log_copied_mid_append_restores_as_an_earlier_state(tmp_path: Path, s3
 
 def test_a_deleted_thread_leaves_the_mirror_and_restore_to_s3_expands_the_logs(
         tmp_path: Path, s3: EmbeddedS3, s3_url: str) -> None:
-    from ckptfs.replication.mirror import restore
+    from ckptfs.replication.restore import restore
     from ckptfs.storage.registry import open_storage
 
     src = str(tmp_path / "a")

@@ -122,12 +122,15 @@ def test_crash_midway_through_retention_is_not_damage(store_copy: Path) -> None:
 
 def test_empty_policy_and_bad_input_are_refused(store_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
     before = contents(store_copy)
-    assert cli_main(["prune", str(store_copy)]) == 2
-    assert cli_main(["prune", str(store_copy), "--keep-last", "0"]) == 2
+    for args in ([], ["--keep-last", "0"]):  # argparse refuses both: usage, exit 2
+        with pytest.raises(SystemExit) as usage:
+            cli_main(["prune", str(store_copy), *args])
+        assert usage.value.code == 2
     assert cli_main(["prune", str(store_copy), "--keep-last", "1", "--artifact-grace", "soon"]) == 2
     assert cli_main(["prune", str(store_copy), "--keep-last", "1", "--run", "nope"]) == 2
     err = capsys.readouterr().err
-    assert "empty retention policy" in err and "'nope' not found" in err and "soon" in err
+    assert "--keep-last" in err and "empty retention policy" in err and "'nope' not found" in err
+    assert "soon" in err
     with pytest.raises(ConfigError):
         prune(str(store_copy), 0)
     assert contents(store_copy) == before

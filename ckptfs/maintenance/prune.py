@@ -17,35 +17,25 @@ repairable store worse.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ckptfs.errors import ConfigError, CorruptFileError
-from ckptfs.format import codec
-from ckptfs.format.keys import ARTIFACTS, RUNS, artifact_key, parse_artifact_key, parse_run_key
-from ckptfs.format.models import validate_id
-from ckptfs.maintenance.verify import body_refs, list_keys, open_readonly_target
-from ckptfs.storage.base import TEMP_MARKER, Storage
-from ckptfs.store.checkpoint_store import CheckpointStore, CompactionPolicy, RetentionResult
+from ckptfs.format.keys import ARTIFACTS, RUNS, artifact_key, classify, parse_artifact_key, run_dirs
+from ckptfs.format.models import ArtifactRef, validate_id
+from ckptfs.format.reader import collect_refs, decode_run_file
+from ckptfs.format.units import parse_duration as parse_duration
+from ckptfs.storage.base import Storage
+from ckptfs.storage.registry import list_keys, open_target
+from ckptfs.store.checkpoint_store import CheckpointStore
+from ckptfs.store.compactor import CompactionPolicy
+from ckptfs.store.retention import RetentionResult
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_ARTIFACT_GRACE = 24 * 3600.0
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def parse_duration(text: str) -> float:
-    """'90s', '15m', '24h', '7d', '2w' or plain seconds -> seconds."""
-    m = _DURATION.match(text)
-    if not m:
-        raise ConfigError(f"duration {text!r} is not a number with an optional unit s/m/h/d/w (e.g. 24h)")
-    return float(m[1]) * _UNITS[m[2]]
-
-
 @dataclass
 class PruneReport:
     """What prune removed (or, with dry_run, would remove), and why anything was left."""
@@ -101,19 +91,19 @@ def prune(
         raise ConfigError("artifact grace period must not be negative")
     if run_id is not None:
         validate_id(run_id, "run id")
-    storage = open_readonly_target(url, storage_options)
+    storage = open_target(url, storage_options)
     report = PruneReport(storage.display_url, keep_last, dry_run, artifact_grace)
-    list_keys(storage, f"{RUNS}/")  # reach the store now: a bad URL is an error, not "nothing to do"
+    # One listing, read the way every command reads it: a bad URL is an error, not "nothing to
+    # do"; an entry that is not ours (runs/.snapshot, an over-long name) is reported and skipped.
+    listing = classify(list_keys(storage, f"{RUNS}/" if run_id is None else f"{RUNS}/{run_id}/"))
+    if run_id is None:
+        _ids, odd = run_dirs(storage.list_dirs(RUNS))
+        report.problems += [f"skipped {key}: {why}" for key, why in odd]
     store = CheckpointStore(storage=storage, policy=CompactionPolicy(keep_last=keep_last, background=False))
-    run_ids = store.list_runs() if run_id is None else [run_id]
-    if run_id is not None and not list_keys(storage, f"{RUNS}/{run_id}/"):
+    run_ids = sorted(listing.runs)
+    if run_id is not None and not run_ids:
         raise ConfigError(f"run {run_id!r} not found in {storage.display_url}")
     for rid in run_ids:
-        try:
-            validate_id(rid, "run id")
-        except ConfigError as exc:
-            report.problems.append(f"skipped run directory: {exc}")
-            continue
         result = store.apply_retention(rid, keep_last, dry_run=dry_run)
         if len(result.kept_snapshots) < keep_last:
             logger.info("run %s: %d valid snapshot(s), fewer than %d: nothing removed", rid,
@@ -128,24 +118,23 @@ def prune(
 
 def _referenced(storage: Storage, doomed: set[str], seen: set[str]) -> tuple[set[str], list[str]]:
     """Every artifact sha referenced by a run file that stays, and the files that could not be read."""
-    refs: set[str] = set()
+    refs: dict[str, ArtifactRef] = {}
     unreadable: list[str] = []
-    for key in list_keys(storage, f"{RUNS}/"):
-        if key in doomed or key in seen or TEMP_MARKER in key or parse_run_key(key) is None:
-            continue
-        seen.add(key)
-        try:
-            rec = codec.decode(storage.get(key), key)
-        except FileNotFoundError:
-            continue
-        except CorruptFileError as exc:
-            unreadable.append(f"{key}: {exc.reason}")
-            continue
-        found, bad = body_refs(rec.body)
-        if bad:
-            unreadable.append(f"{key}: {bad[0]}")
-        refs.update(found)
-    return refs, unreadable
+    listing = classify(list_keys(storage, f"{RUNS}/"))
+    for rid, files in listing.runs.items():
+        for rf in files:
+            if rf.key in doomed or rf.key in seen:
+                continue
+            seen.add(rf.key)
+            try:
+                rec = decode_run_file(storage.get(rf.key), rf, rid)
+            except FileNotFoundError:
+                continue
+            except (CorruptFileError, OSError) as exc:
+                unreadable.append(f"{rf.key}: {getattr(exc, 'reason', exc)}")
+                continue
+            collect_refs(rec.body, refs)
+    return set(refs), unreadable
 
 
 def _collect_artifacts(storage: Storage, report: PruneReport, now: float) -> None:

@@ -1,0 +1,148 @@
+"""Forget a run: delete every file under `runs/<run_id>/` (restic's `forget` of one run).
+
+Refused while a worker may still be working on the run: a lease that is not released and was
+written less than its ttl plus `LEASE_GRACE` ago (by the writer's clock, which is all a reader
+has; expiry proper is observed, not computed, see store/leases.py) is live, and `force=True` is
+needed to go on. A lease that has gone silent for longer is reported as stale and does not stop
+the forget: its holder would be fenced off anyway.
+
+Order: versions newest first, each version's journal record, deltas and snapshot together, then
+the leases and anything else under the run's prefix. A forget interrupted midway therefore
+leaves the files of versions 1..k, which load as version k (a state the run really had) or, once
+too little is left, as nothing; run it again to finish. Artifacts the run referenced are not
+deleted here: other runs may share them (they are stored by content), and `prune` collects the
+unreferenced ones after its grace period.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ckptfs.format.keys import parse_run_key, run_prefix
+from ckptfs.format.models import validate_id
+from ckptfs.storage.base import Storage
+from ckptfs.storage.local import LocalStorage
+from ckptfs.storage.retry import RetryingStorage
+from ckptfs.store.leases import read_leases
+
+logger = logging.getLogger(__name__)
+
+LEASE_GRACE = 60.0  # seconds beyond a lease's ttl that it still counts as live (clock skew, pauses)
+
+
+@dataclass
+class LeaseState:
+    """A lease found on the run: who holds which step, and whether it is still live."""
+
+    step_id: str
+    holder: str
+    generation: int
+    written_s_ago: float
+    ttl: float
+    live: bool
+
+
+@dataclass
+class ForgetReport:
+    """What a forget found and did (or, with dry_run, would do)."""
+
+    url: str
+    run_id: str
+    dry_run: bool
+    found: bool = False
+    refused: bool = False
+    versions: int = 0
+    deleted: list[str] = field(default_factory=list)
+    leases: list[LeaseState] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def live_leases(self) -> list[LeaseState]:
+        return [lease for lease in self.leases if lease.live]
+
+    @property
+    def ok(self) -> bool:
+        return self.found and not self.refused and not self.errors
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"url": self.url, "run_id": self.run_id, "dry_run": self.dry_run, "found": self.found,
+                "refused": self.refused, "ok": self.ok, "versions": self.versions,
+                "files": len(self.deleted), "deleted": self.deleted,
+                "leases": [asdict(lease) for lease in self.leases], "errors": self.errors}
+
+
+def _leases(storage: Storage, run_id: str, now: float) -> list[LeaseState]:
+    out = []
+    for sid, rec in sorted(read_leases(storage, run_id).items()):
+        if rec.released:
+            continue
+        ago = now - rec.time
+        out.append(LeaseState(sid, rec.holder, rec.generation, round(ago, 1), rec.ttl,
+                              live=ago < rec.ttl + LEASE_GRACE))
+    return out
+
+
+def _order(keys: list[str]) -> list[str]:
+    """Newest version first (journal, delta, snapshot of one version together), then the rest."""
+    files = []
+    rest = []
+    for key in keys:
+        rf = parse_run_key(key)
+        if rf is None:
+            rest.append(key)
+        else:
+            files.append(rf)
+    rank = {"log": 0, "delta": 1, "snap": 2}
+    files.sort(key=lambda f: (-f.version, rank[f.kind]))
+    return [f.key for f in files] + sorted(rest)
+
+
+def forget(storage: Storage, run_id: str, *, dry_run: bool = False, force: bool = False) -> ForgetReport:
+    """Delete every file of `run_id` (see the module docstring for the order and the refusal)."""
+    validate_id(run_id, "run id")
+    report = ForgetReport(storage.display_url, run_id, dry_run)
+    prefix = run_prefix(run_id)
+    keys = storage.list(prefix)
+    if not keys:
+        return report
+    report.found = True
+    report.versions = len({rf.version for rf in (parse_run_key(k) for k in keys) if rf is not None})
+    report.leases = _leases(storage, run_id, time.time())
+    if report.live_leases and not force:
+        report.refused = True
+        return report
+    ordered = _order(keys)
+    if dry_run:
+        report.deleted = ordered
+        return report
+    for key in ordered:
+        try:
+            storage.delete(key)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            report.errors.append(f"{key}: {exc}")
+            logger.warning("forget %s: cannot delete %s: %s", run_id, key, exc)
+            continue
+        report.deleted.append(key)
+    if not report.errors:
+        _remove_empty_dirs(storage, prefix)
+    logger.info("forget %s: %d file(s) of %d version(s) deleted", run_id, len(report.deleted),
+                report.versions)
+    return report
+
+
+def _remove_empty_dirs(storage: Storage, prefix: str) -> None:
+    """On local disk, the run's now empty directories go too, so `runs` no longer lists it."""
+    inner = storage.inner if isinstance(storage, RetryingStorage) else storage
+    if not isinstance(inner, LocalStorage):
+        return
+    top = inner.local_path(prefix.rstrip("/"))
+    for dirpath, _dirs, _files in sorted(os.walk(top, topdown=False), key=lambda w: -len(w[0])):
+        with contextlib.suppress(OSError):  # not empty (a file arrived meanwhile): leave it
+            os.rmdir(dirpath)

@@ -1,0 +1,316 @@
+"""A run's history for people: its versions, its state at one version with the tool log, and
+what changed between two versions. Read-only; what `ckptfs versions`, `show`, `diff` and
+`export` print.
+
+Which state a version has is the store's decision (`CheckpointStore.load_run`: hash chain,
+fallback past damaged files, validation). This module adds what an operator asks next, read
+with the one chain walk every command shares (`format.reader.plan_load`):
+
+* which files make each version (journal record, delta, snapshot), when it was written, by
+  which writer, how far the run was (the header's summary, so no state is rebuilt per version);
+* the tool calls logged up to a version: the log lives beside the steps in each record body,
+  so it is rebuilt along the very chain that ends at the loaded version;
+* tokens and cost: per step (`Step.tokens`, `Step.cost_usd`), per run (`AgentRun.total_*`), and
+  per tool call where the tool's result reports them (`tokens`/`total_tokens`, `cost_usd`/`cost`,
+  also under `usage`), which is the shape the README's tools return.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptfs.errors import CorruptFileError
+from ckptfs.format import codec
+from ckptfs.format.changes import apply_body
+from ckptfs.format.keys import RunFile, parse_run_key, run_prefix
+from ckptfs.format.models import AgentRun, ArtifactRef, ToolCall, validate_id
+from ckptfs.format.reader import REFS_FIELD, RecordCache, RunIndex, decode_run_file, plan_load
+from ckptfs.storage.base import Storage
+from ckptfs.store.checkpoint_store import CheckpointStore
+from ckptfs.store.compactor import CompactionPolicy
+
+logger = logging.getLogger(__name__)
+
+_KIND_ORDER = {"log": 0, "delta": 1, "snap": 2}
+
+
+def read_only_store(storage: Storage) -> CheckpointStore:
+    """A store over `storage` that never writes: no background compaction, no retention."""
+    return CheckpointStore(storage=storage, policy=CompactionPolicy(background=False, keep_last=0))
+
+
+def run_files(storage: Storage, run_id: str) -> list[RunFile]:
+    """The run's well-formed record files (temp files and strays are verify's business)."""
+    validate_id(run_id, "run id")
+    return [rf for rf in (parse_run_key(k) for k in storage.list(run_prefix(run_id))) if rf is not None]
+
+
+# ------------------------------------------------------------------------------ versions
+
+
+@dataclass
+class VersionInfo:
+    """One stored version of a run, as its files describe it."""
+
+    version: int
+    kinds: list[str]  # files that end at this version: "log", "delta", "snap"
+    time: float | None = None  # the writer's clock when the record was written
+    writer: str | None = None
+    status: str | None = None
+    completed: int | None = None
+    failed: int | None = None
+    total: int | None = None
+    bytes: int = 0
+    readable: bool = True  # False: every file of this version failed to decode (verify says why)
+    restore_point: bool | None = None  # filled in by the caller for mirrors
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "kinds": self.kinds, "time": self.time, "writer": self.writer,
+                "status": self.status, "completed": self.completed, "failed": self.failed,
+                "total": self.total, "bytes": self.bytes, "readable": self.readable,
+                "restore_point": self.restore_point}
+
+
+def list_versions(storage: Storage, run_id: str, *, workers: int = 8) -> list[VersionInfo]:
+    """Every version a run's files end at, oldest first, with time and progress from headers.
+
+    One file per version is decoded (the journal record if there is one: the smallest), in
+    parallel on remote backends, so the cost is one GET per version, not a state rebuild each.
+    """
+    files = run_files(storage, run_id)
+    by_version: dict[int, list[RunFile]] = {}
+    for rf in files:
+        by_version.setdefault(rf.version, []).append(rf)
+    infos = {v: VersionInfo(v, sorted({f.kind for f in fs}, key=_KIND_ORDER.__getitem__))
+             for v, fs in by_version.items()}
+
+    def describe(version: int) -> None:
+        info = infos[version]
+        for rf in sorted(by_version[version], key=lambda f: _KIND_ORDER[f.kind]):
+            try:
+                data = storage.get(rf.key)
+                rec = decode_run_file(data, rf, run_id)
+            except (CorruptFileError, FileNotFoundError) as exc:
+                logger.info("run %s: %s unreadable: %s", run_id, rf.key, exc)
+                continue
+            h = rec.header
+            s = h.summary or {}
+            info.time, info.writer, info.bytes = h.time, h.writer, len(data)
+            info.status = s.get("status")
+            info.completed, info.failed, info.total = s.get("completed"), s.get("failed"), s.get("total")
+            return
+        info.readable = False
+
+    versions = sorted(infos)
+    if storage.capabilities.remote and len(versions) > 1:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptfs-versions") as pool:
+            list(pool.map(describe, versions))
+    else:
+        for v in versions:
+            describe(v)
+    return [infos[v] for v in versions]
+
+
+# ---------------------------------------------------------------------------- run state
+
+
+@dataclass
+class RunState:
+    """A run at one version, with the tool calls logged up to that version."""
+
+    run: AgentRun
+    version: int
+    tool_log: dict[str, list[ToolCall]]
+    skipped: list[str] = field(default_factory=list)  # files the load skipped (damaged)
+    notes: list[str] = field(default_factory=list)
+
+    def calls(self, step_id: str) -> list[ToolCall]:
+        """A step's tool calls: the log's, else the ones kept on the step itself."""
+        return self.tool_log.get(step_id) or list(self.run.steps[step_id].tool_calls)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The state as plain JSON data: the run (steps included) and its tool log."""
+        doc = self.run.model_dump(mode="json")
+        return {"run_id": self.run.run_id, "version": self.version, "run": doc,
+                "tool_log": {sid: [c.model_dump(mode="json") for c in calls]
+                             for sid, calls in self.tool_log.items()},
+                "totals": totals(self), "skipped": self.skipped, "notes": self.notes}
+
+
+def load_state(storage: Storage, run_id: str, version: int | None = None, *,
+               artifacts: bool = False) -> RunState | None:
+    """The run at `version` (default: newest valid) with its tool log; None if never saved.
+
+    `artifacts=True` puts large values back (read from `artifacts/`, sha256 checked); otherwise
+    they stay as the summaries the records hold. Raises what `load_run` raises
+    (VersionNotFoundError, CheckpointCorruptError).
+    """
+    store = read_only_store(storage)
+    try:
+        run = store.load_run(run_id, version, resolve_artifacts=artifacts)
+        if run is None:
+            return None
+        info = store.last_load
+        loaded = info.version if info is not None else (version or 0)
+        state = RunState(run, loaded, {}, list(info.skipped) if info is not None else [])
+        log = _tool_log(store, storage, run_id, loaded, artifacts)
+        if log is None:
+            state.notes.append(f"the tool log of v{loaded} could not be rebuilt (see ckptfs verify)")
+        else:
+            state.tool_log = log
+        return state
+    finally:
+        store.close()
+
+
+def _tool_log(store: CheckpointStore, storage: Storage, run_id: str, version: int,
+              artifacts: bool) -> dict[str, list[ToolCall]] | None:
+    """The tool log along the chain that ends exactly at `version`."""
+    index = RunIndex.build(run_files(storage, run_id), version)
+    cache = RecordCache(run_id, storage.get)
+
+    def read(rf: RunFile) -> codec.Record | None:
+        try:
+            return cache.read(rf)
+        except CorruptFileError as exc:  # unreadable (a link, no permission): skipped, as the load did
+            cache.fail(rf, exc)
+            return None
+
+    path = plan_load(index, read, run_id=run_id, ceiling=version, exact=True)
+    if path is None:
+        return None
+    state: dict[str, Any] = {"run": None, "steps": {}, "tool_log": {}}
+    for body in path.bodies():
+        apply_body(state, body)
+    out: dict[str, list[ToolCall]] = {}
+    for sid, calls in state["tool_log"].items():
+        parsed = []
+        for raw in calls:
+            doc = dict(raw)
+            refs = doc.pop(REFS_FIELD, None)
+            if artifacts and isinstance(refs, Mapping):
+                for name, ref_doc in refs.items():
+                    ref = ArtifactRef.model_validate(ref_doc)
+                    data = store.read_artifact(ref)
+                    doc[name] = data.decode() if ref.media_type.startswith("text/") else json.loads(data)
+            try:
+                parsed.append(ToolCall.model_validate(doc))
+            except ValueError as exc:
+                logger.warning("run %s: a tool call of step %s does not validate: %s", run_id, sid, exc)
+        out[sid] = parsed
+    return out
+
+
+# ------------------------------------------------------------------------ tokens and cost
+
+
+def call_usage(call: ToolCall) -> tuple[int | None, float | None]:
+    """(tokens, cost in USD) a tool call's result reports, if it reports them."""
+    result = call.result
+    if not isinstance(result, Mapping):
+        return None, None
+    places = [result]
+    usage = result.get("usage")
+    if isinstance(usage, Mapping):
+        places.append(usage)
+    tokens: int | None = None
+    cost: float | None = None
+    for place in places:
+        for key in ("tokens", "total_tokens"):
+            v = place.get(key)
+            if tokens is None and isinstance(v, int | float) and not isinstance(v, bool):
+                tokens = int(v)
+        for key in ("cost_usd", "cost"):
+            v = place.get(key)
+            if cost is None and isinstance(v, int | float) and not isinstance(v, bool):
+                cost = float(v)
+    return tokens, cost
+
+
+def totals(state: RunState) -> dict[str, Any]:
+    """Run totals: steps by status, tokens and cost (the run's own counters, and the steps'
+    sum), tool calls by phase, and their duration."""
+    run = state.run
+    by_status: dict[str, int] = {}
+    for s in run.steps.values():
+        by_status[s.status.value] = by_status.get(s.status.value, 0) + 1
+    calls = [c for sid in run.steps for c in state.calls(sid)]
+    phases: dict[str, int] = {}
+    for c in calls:
+        phases[c.phase] = phases.get(c.phase, 0) + 1
+    return {
+        "steps": len(run.steps), "by_status": by_status,
+        "tokens": run.total_tokens, "cost_usd": run.total_cost_usd,
+        "step_tokens": sum(s.tokens for s in run.steps.values()),
+        "step_cost_usd": sum(s.cost_usd for s in run.steps.values()),
+        "tool_calls": len(calls), "tool_calls_by_phase": phases,
+        "tool_ms": sum(c.duration_ms or 0.0 for c in calls),
+    }
+
+
+# ---------------------------------------------------------------------------------- diff
+
+
+@dataclass
+class RunDiff:
+    """What changed from one version of a run to another."""
+
+    run_id: str
+    old: int
+    new: int
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    changed: dict[str, list[str]] = field(default_factory=dict)  # step -> fields that differ
+    status_changes: list[tuple[str, str, str]] = field(default_factory=list)  # step, old, new
+    run_changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    calls_added: dict[str, list[ToolCall]] = field(default_factory=dict)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.added or self.removed or self.changed or self.run_changes or self.calls_added)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "old": self.old, "new": self.new, "added": self.added,
+                "removed": self.removed, "changed": self.changed,
+                "status_changes": [{"step": s, "old": a, "new": b} for s, a, b in self.status_changes],
+                "run_changes": {k: {"old": a, "new": b} for k, (a, b) in self.run_changes.items()},
+                "tool_calls_added": {sid: [c.model_dump(mode="json") for c in calls]
+                                     for sid, calls in self.calls_added.items()}}
+
+
+_RUN_FIELDS = ("goal", "status", "total_tokens", "total_cost_usd", "replan_count")
+
+
+def diff_states(old: RunState, new: RunState) -> RunDiff:
+    """Steps added, removed and changed (which fields), status changes, run-level changes, and
+    tool calls logged in `new` that `old` did not have (by call id)."""
+    d = RunDiff(new.run.run_id, old.version, new.version)
+    a, b = old.run.steps, new.run.steps
+    d.added = [sid for sid in b if sid not in a]
+    d.removed = [sid for sid in a if sid not in b]
+    for sid in b:
+        if sid not in a:
+            continue
+        da, db = a[sid].model_dump(mode="json"), b[sid].model_dump(mode="json")
+        fields = [k for k in db if da.get(k) != db.get(k)]
+        if fields:
+            d.changed[sid] = fields
+        if a[sid].status != b[sid].status:
+            d.status_changes.append((sid, a[sid].status.value, b[sid].status.value))
+    for sid in d.added:
+        d.status_changes.append((sid, "-", b[sid].status.value))
+    for name in _RUN_FIELDS:
+        va, vb = getattr(old.run, name), getattr(new.run, name)
+        if va != vb:
+            d.run_changes[name] = (va, vb)
+    for sid in b:
+        seen = {c.id for c in old.calls(sid)} if sid in a else set()
+        fresh = [c for c in new.calls(sid) if c.id not in seen]
+        if fresh:
+            d.calls_added[sid] = fresh
+    return d

@@ -1,0 +1,225 @@
+"""Copying immutable objects between stores: skip the same content, verify each upload, never overwrite."""
+
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import tempfile
+import threading
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
+from typing import Any
+
+from ckptfs.errors import (
+    StorageUnavailableError,
+)
+from ckptfs.format.keys import ARTIFACTS, RUNS, run_dirs
+from ckptfs.format.models import ArtifactRef, validate_id
+from ckptfs.replication.report import Progress, RunResult
+from ckptfs.storage.base import Storage
+from ckptfs.storage.registry import open_storage
+from ckptfs.storage.retry import RetryingStorage
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_WORKERS = 16
+DEFAULT_ATTEMPTS = 6
+LIST_OVER = 16  # more artifacts than this: one LIST of the destination beats a HEAD each
+SMALL = 8 * 1024 * 1024  # artifacts up to this size move in one GET / one PUT
+SPOOL = 16 * 1024 * 1024
+CHUNK = 1024 * 1024
+
+StorageLike = str | Storage
+
+
+
+class CopyConflict(Exception):
+    pass
+
+
+class CopyMissing(Exception):
+    pass
+
+
+
+
+def verify_etag(etag: str, data: bytes) -> bool | None:
+    """True/False when the backend's ETag is a content hash we can check, None otherwise."""
+    e = etag.strip('"').lower()
+    if len(e) == 32 and all(c in "0123456789abcdef" for c in e):
+        return e == hashlib.md5(data, usedforsecurity=False).hexdigest()
+    if len(e) == 64 and all(c in "0123456789abcdef" for c in e):
+        return e == hashlib.sha256(data).hexdigest()
+    return None
+
+
+class Copier:
+    """Copies immutable objects into a destination: skip same content, verify, never overwrite."""
+
+    def __init__(self, dst: Storage, progress: Progress, known: set[str],
+                 absent: frozenset[str] = frozenset()) -> None:
+        self.dst = dst
+        self.progress = progress
+        self.known = known  # artifact keys verified present at dst (kept across passes)
+        self.absent = absent  # artifact keys this pass's listing of dst did not show
+        self._lock = threading.Lock()
+
+    def _same(self, key: str, data: bytes) -> bool:
+        try:
+            return hashlib.sha256(self.dst.get(key)).digest() == hashlib.sha256(data).digest()
+        except FileNotFoundError:
+            return False
+
+    def _check_upload(self, key: str, data: bytes, etag: str) -> None:
+        ok = verify_etag(etag, data)
+        if ok is None:
+            ok = self.dst.size(key) == len(data)
+        if not ok:
+            raise CopyMissing(f"{key}: upload did not verify (stored object differs from what was sent)")
+
+    def blob(self, key: str, data: bytes, present: bool) -> bool:
+        """Copy one checkpoint file; True if uploaded, False if it was already there."""
+        if present:
+            if self._same(key, data):
+                self.progress.done(key, len(data), True)
+                return False
+            if self.dst.exists(key):
+                raise CopyConflict(f"{key}: the destination holds a different file under this name")
+        try:
+            etag = self.dst.put_if_absent(key, data)
+        except FileExistsError:
+            if self._same(key, data):  # a retried PUT that had landed, or a racing pass
+                self.progress.done(key, len(data), True)
+                return False
+            raise CopyConflict(f"{key}: the destination holds a different file under this name") from None
+        self._check_upload(key, data, etag)
+        self.progress.done(key, len(data), False)
+        return True
+
+    def artifact(self, src: Storage, ref: ArtifactRef) -> bool:
+        """Copy one artifact, its sha256 checked before it is written; True if uploaded."""
+        key = ref.uri
+        if key in self.known:
+            self.progress.done(key, ref.size, True)
+            return False
+        if key in self.absent:
+            # The listing just said no: skip the HEAD (on a loopback server it costs what the
+            # PUT does). The exclusive create below still refuses anything that landed since.
+            have = -1
+        else:
+            try:
+                have = self.dst.size(key)
+            except FileNotFoundError:
+                have = -1
+        if have == ref.size:
+            with self._lock:
+                self.known.add(key)
+            self.progress.done(key, ref.size, True)
+            return False
+        try:
+            if ref.size <= SMALL:
+                self._artifact_small(src, ref, replace=have >= 0)
+            else:
+                self._artifact_large(src, ref, replace=have >= 0)
+        except FileNotFoundError:
+            raise CopyMissing(f"{key}: referenced artifact is missing at the source") from None
+        with self._lock:
+            self.known.add(key)
+        self.progress.done(key, ref.size, False)
+        return True
+
+    def _artifact_small(self, src: Storage, ref: ArtifactRef, replace: bool) -> None:
+        data = src.get(ref.uri)
+        if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256:
+            raise CopyMissing(f"{ref.uri}: source artifact does not match its sha256")
+        if replace or not data:
+            etag = self.dst.put(ref.uri, data)  # a damaged object sits at the content key
+        else:
+            try:
+                etag = self.dst.put_if_absent(ref.uri, data)
+            except FileExistsError:
+                etag = ""
+        self._check_upload(ref.uri, data, etag)
+
+    def _artifact_large(self, src: Storage, ref: ArtifactRef, replace: bool) -> None:
+        h = hashlib.sha256()
+        n = 0
+        with tempfile.SpooledTemporaryFile(max_size=SPOOL) as spool:
+            with src.open_read(ref.uri) as f:
+                while chunk := f.read(CHUNK):
+                    h.update(chunk)
+                    n += len(chunk)
+                    spool.write(chunk)
+            if n != ref.size or h.hexdigest() != ref.sha256:
+                raise CopyMissing(f"{ref.uri}: source artifact does not match its sha256")
+            spool.seek(0)
+            with contextlib.suppress(FileExistsError):
+                self.dst.put_stream(ref.uri, spool, exclusive=not replace)
+        if self.dst.size(ref.uri) != ref.size:
+            raise CopyMissing(f"{ref.uri}: upload did not verify (size differs)")
+
+
+def note_present(dst: Storage, refs: Mapping[str, ArtifactRef], known: set[str]) -> frozenset[str]:
+    """Add the needed artifacts a listing of the destination shows to `known`; return the rest.
+
+    A listed artifact key is its content (content-addressed, written whole), so for many
+    artifacts one paginated LIST replaces a HEAD per artifact, both for those it shows
+    (present) and for those it does not (absent: they are created exclusively, no HEAD).
+    """
+    todo = [k for k in refs if k not in known]
+    if len(todo) > LIST_OVER:
+        listed = set(dst.list(ARTIFACTS))
+        known.update(k for k in todo if k in listed)
+        return frozenset(k for k in todo if k not in listed)
+    return frozenset()
+
+
+def as_storage(target: StorageLike, options: Mapping[str, Any] | None, attempts: int,
+                base_delay: float) -> Storage:
+    st = target if isinstance(target, Storage) else open_storage(target, options)
+    if attempts > 1 and not isinstance(st, RetryingStorage):
+        st = RetryingStorage(st, attempts=attempts, base_delay=base_delay)
+    return st
+
+
+def retries_of(*stores: Storage) -> int:
+    return sum(s.retries for s in stores if isinstance(s, RetryingStorage))
+
+
+def run_ids(storage: Storage, run_id: str | Iterable[str] | None,
+            skipped: list[RunResult] | None = None) -> list[str]:
+    """The runs a pass covers; with a whole store, directories that are not runs go to `skipped`."""
+    if run_id is None:
+        ids, odd = run_dirs(storage.list_dirs(RUNS))
+        if skipped is not None:
+            skipped.extend(RunResult(key, "skipped", notes=[why]) for key, why in odd)
+        return ids
+    ids = [run_id] if isinstance(run_id, str) else list(run_id)
+    return [validate_id(r, "run id") for r in ids]
+
+
+def gather(futs: list[Future[bool]], res: RunResult, sizes: list[int]) -> None:
+    """Wait for a phase; count what it did; collect what failed into res.missing."""
+    conflicts: list[str] = []
+    for fut, size in zip(futs, sizes, strict=True):
+        try:
+            if fut.result():
+                res.copied += 1
+                res.bytes += size
+            else:
+                res.skipped += 1
+        except CopyConflict as exc:
+            conflicts.append(str(exc))
+        except (CopyMissing, StorageUnavailableError, OSError) as exc:
+            res.missing.append(str(exc))
+    if conflicts:
+        res.missing.extend(conflicts)
+        res.status = "conflict"
+        res.error = conflicts[0]
+    elif res.missing:
+        res.status = "incomplete"
+        res.error = res.missing[0]
+
+

@@ -1,0 +1,261 @@
+"""MirrorJob: mirror passes on a schedule (APScheduler 3) and on demand, never two at once."""
+
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from ckptfs.errors import (
+    ConfigError,
+)
+from ckptfs.replication.copy import DEFAULT_ATTEMPTS, DEFAULT_WORKERS, StorageLike
+from ckptfs.replication.mirror import Mirror
+from ckptfs.replication.report import MirrorReport, NoProgress
+
+logger = logging.getLogger(__name__)
+
+
+
+def to_seconds(interval: float | timedelta | None) -> float | None:
+    if interval is None:
+        return None
+    s = interval.total_seconds() if isinstance(interval, timedelta) else float(interval)
+    if s <= 0:
+        raise ConfigError(f"mirror interval must be positive, got {s}s")
+    return s
+
+
+class MirrorJob:
+    """Mirror passes on a schedule (APScheduler 3) and on demand, never two at once.
+
+    interval (seconds or timedelta) or cron (a crontab expression) sets the schedule; both
+    None means passes run only when triggered. The scheduler job has max_instances=1,
+    coalesce=True and `misfire_grace_time`, and every pass also holds one lock, so a tick
+    or trigger that arrives while a pass runs is folded into one more pass afterwards.
+
+    The agent calls `notify(run_id, version)` (or the callable from `step_trigger(n)`) after
+    each commit: it returns at once, and when the run crossed a multiple of N it schedules a
+    pass that mirrors that run's newest version. It never blocks the agent's commits.
+    """
+
+    JOB_ID = "ckptfs-mirror"
+
+    def __init__(self, src_url: StorageLike, dst_url: StorageLike, *, every_n: int = 10,
+                 interval: float | timedelta | None = None, cron: str | None = None,
+                 keep_last: int | None = None, latest: bool = False,
+                 src_options: Mapping[str, Any] | None = None,
+                 dst_options: Mapping[str, Any] | None = None, misfire_grace_time: int = 60,
+                 workers: int = DEFAULT_WORKERS, attempts: int = DEFAULT_ATTEMPTS,
+                 base_delay: float = 0.2, on_report: Callable[[MirrorReport], None] | None = None,
+                 timezone: str = "UTC") -> None:
+        if every_n < 1:
+            raise ConfigError(f"every_n must be >= 1, got {every_n}")
+        if interval is not None and cron is not None:
+            raise ConfigError("give a mirror interval or a cron expression, not both")
+        self.every_n = every_n
+        self.interval = to_seconds(interval)
+        self.cron = cron
+        self.keep_last = keep_last
+        self.latest = latest
+        self.on_report = on_report
+        self.misfire_grace_time = misfire_grace_time
+        self._trigger: Any = None
+        if cron is not None:
+            from apscheduler.triggers.cron import CronTrigger
+
+            try:
+                self._trigger = CronTrigger.from_crontab(cron, timezone=timezone)
+            except ValueError as exc:
+                raise ConfigError(f"bad cron expression {cron!r}: {exc}") from None
+        elif self.interval is not None:
+            from apscheduler.triggers.interval import IntervalTrigger
+
+            self._trigger = IntervalTrigger(seconds=self.interval, timezone=timezone)
+        self._timezone = timezone
+        self._m = Mirror(src_url, dst_url, src_options=src_options, dst_options=dst_options,
+                          workers=workers, attempts=attempts, base_delay=base_delay)
+        self._pass_lock = threading.Lock()
+        self._state = threading.Lock()
+        self._tick_pending = False
+        self._runs_pending: set[str] = set()
+        self._seen: dict[str, int] = {}
+        self._scheduler: Any = None
+        self._wake = threading.Event()
+        self._closing = False
+        self._worker: threading.Thread | None = None
+        self.passes = 0
+        self.overlaps = 0  # ticks/triggers that found a pass running and were folded into it
+        self.last_report: MirrorReport | None = None
+        self.errors = 0
+
+    # -- lifecycle
+    def start(self) -> MirrorJob:
+        from apscheduler.schedulers.background import BackgroundScheduler
+
+        self._m.check()
+        self._scheduler = BackgroundScheduler(
+            timezone=self._timezone,
+            job_defaults={"max_instances": 1, "coalesce": True,
+                          "misfire_grace_time": self.misfire_grace_time})
+        if self._trigger is not None:
+            self._scheduler.add_job(self.tick, self._trigger, id=self.JOB_ID, name="ckptfs mirror")
+        self._scheduler.start()
+        self._closing = False
+        self._worker = threading.Thread(target=self._worker_loop, name="ckptfs-mirror-job",
+                                        daemon=True)
+        self._worker.start()
+        with self._state:
+            pending = bool(self._runs_pending)
+        if pending:
+            self._schedule_now()
+        return self
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop scheduling; with `wait`, let a running pass finish (it is never torn anyway)."""
+        self._closing = True
+        self._wake.set()
+        if self._worker is not None:
+            if wait:
+                self._worker.join()
+            self._worker = None
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=wait)
+            self._scheduler = None
+        self._m.close()
+
+    def __enter__(self) -> MirrorJob:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    @property
+    def src_display(self) -> str:
+        return self._m.src.display_url
+
+    @property
+    def dst_display(self) -> str:
+        return self._m.dst.display_url
+
+    @property
+    def scheduler(self) -> Any:
+        """The APScheduler BackgroundScheduler (None before start), for pause/resume/inspection."""
+        return self._scheduler
+
+    # -- triggers
+    def tick(self) -> MirrorReport | None:
+        """One scheduled pass over every run (the every_n rule); folded if one is running."""
+        with self._state:
+            self._tick_pending = True
+        return self._drain()
+
+    def notify(self, run_id: str, version: int) -> bool:
+        """Tell the job a run committed `version`; True if that crossed a multiple of every_n."""
+        with self._state:
+            last = self._seen.get(run_id, 0)
+            self._seen[run_id] = max(last, version)
+            crossed = version // self.every_n > last // self.every_n
+            if crossed:
+                self._runs_pending.add(run_id)
+        if crossed:
+            self._schedule_now()
+        return crossed
+
+    def step_trigger(self, every_n: int | None = None) -> Callable[[str, int], bool]:
+        """A callable for the agent's checkpoint path: (run_id, version) -> scheduled?"""
+        n = every_n or self.every_n
+        if n < 1:
+            raise ConfigError(f"every_n must be >= 1, got {n}")
+        seen: dict[str, int] = {}
+        lock = threading.Lock()
+
+        def trigger(run_id: str, version: int) -> bool:
+            with lock:
+                last = seen.get(run_id, 0)
+                seen[run_id] = max(last, version)
+                if version // n <= last // n:
+                    return False
+            with self._state:
+                self._runs_pending.add(run_id)
+            self._schedule_now()
+            return True
+
+        return trigger
+
+    def _schedule_now(self) -> None:
+        """Wake the job's own worker; never touches the scheduler's locks (no deadlock at exit)."""
+        self._wake.set()
+
+    def _worker_loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._closing:
+                return
+            try:
+                self._drain()
+            except Exception:  # _one_pass logs; keep the worker alive
+                logger.exception("mirror worker")
+
+    def run_now(self) -> MirrorReport | None:
+        """A pass right here, in the caller's thread (None if one is running: it is folded)."""
+        return self.tick()
+
+    # -- the pass
+    def _drain(self) -> MirrorReport | None:
+        """One pass over what is pending; work that arrives meanwhile gets a pass of its own.
+
+        Callers record their work before trying the lock, and the holder looks for new work
+        only after releasing it, so a trigger is never lost between the two; one pass per
+        call keeps every thread (the caller's, the scheduler's) from being held in a loop.
+        """
+        if not self._pass_lock.acquire(blocking=False):
+            with self._state:
+                self.overlaps += 1
+            return None
+        report: MirrorReport | None = None
+        try:
+            with self._state:
+                tick, runs = self._tick_pending, sorted(self._runs_pending)
+                self._tick_pending = False
+                self._runs_pending.clear()
+            if tick or runs:
+                report = self._one_pass(tick, runs)
+        finally:
+            self._pass_lock.release()
+        with self._state:
+            more = self._tick_pending or bool(self._runs_pending)
+        if more and not self._closing:
+            self._schedule_now()
+        return report
+
+    def _one_pass(self, tick: bool, runs: list[str]) -> MirrorReport | None:
+        try:
+            report: MirrorReport | None = None
+            if runs:
+                report = self._m.pass_(runs, self.every_n, True, self.keep_last, NoProgress())
+            if tick:
+                full = self._m.pass_(None, self.every_n, self.latest, self.keep_last, NoProgress())
+                if report is not None:
+                    done = {r.run_id for r in report.runs}
+                    full.runs = report.runs + [r for r in full.runs if r.run_id not in done]
+                    full.seconds += report.seconds
+                    full.retries += report.retries
+                report = full
+        except Exception:
+            self.errors += 1
+            logger.exception("mirror pass failed; the next tick tries again")
+            return None
+        self.passes += 1
+        self.last_report = report
+        if report is not None:
+            if not report.ok:
+                logger.warning("mirror pass incomplete: %s", "; ".join(report.missing[:3]))
+            if self.on_report is not None:
+                self.on_report(report)
+        return report
+

@@ -1,0 +1,377 @@
+"""Restore: stage a restore point from a mirror, verify it by a full load, then publish it in
+the safe order (artifacts, records, the snapshot last) into a fresh URL."""
+
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from typing import IO, Any
+
+from ckptfs.errors import (
+    CheckpointCorruptError,
+    ConfigError,
+    CorruptFileError,
+    StorageUnavailableError,
+    VersionNotFoundError,
+)
+from ckptfs.format.keys import namespace_plugin
+from ckptfs.format.models import ArtifactRef
+from ckptfs.replication.copy import (
+    DEFAULT_ATTEMPTS,
+    DEFAULT_WORKERS,
+    SMALL,
+    Copier,
+    CopyMissing,
+    StorageLike,
+    as_storage,
+    gather,
+    note_present,
+    retries_of,
+    run_ids,
+)
+from ckptfs.replication.mirror import Mirror
+from ckptfs.replication.plan import RunReader, name_path, plan, run_files
+from ckptfs.replication.report import LANGGRAPH_ENTRY, NoProgress, Progress, RestoreReport, RunResult
+from ckptfs.storage.base import TEMP_MARKER, Capabilities, Keys, Storage, check_key
+from ckptfs.storage.local import LocalStorage
+from ckptfs.storage.logstore import LOG_NAME, LogStorage
+from ckptfs.storage.registry import list_keys, open_storage
+from ckptfs.storage.retry import RetryingStorage
+from ckptfs.store.checkpoint_store import CheckpointStore
+from ckptfs.store.compactor import CompactionPolicy
+from ckptfs.store.loader import gc_paused
+
+logger = logging.getLogger(__name__)
+
+
+
+def restore(src_url: StorageLike, dst_url: StorageLike, run_id: str | None = None,
+            version: int | None = None, src_options: Mapping[str, Any] | None = None,
+            dst_options: Mapping[str, Any] | None = None, *, workers: int = DEFAULT_WORKERS,
+            attempts: int = DEFAULT_ATTEMPTS, base_delay: float = 0.2,
+            progress: Progress | None = None, staging_dir: str | None = None) -> RestoreReport:
+    """Copy runs (or one run, at its newest point or at `version`) from a mirror into `dst_url`.
+
+    Each run is staged in a local temporary directory, verified there by a full load
+    (hash chain, graph, artifact sha256; a newest point that fails falls back to the newest
+    that loads, with a note), then published in the safe order. Afterwards
+    `CheckpointStore(dst_url).load_run(run_id)` returns that state and an agent can resume.
+    The destination must not hold other files of the run (restore into a fresh URL); a
+    restore that was interrupted may simply be run again.
+    """
+    if version is not None and run_id is None:
+        raise ConfigError("--version needs --run: versions are per run")
+    m = Mirror(src_url, dst_url, src_options=src_options, dst_options=dst_options,
+                workers=workers, attempts=attempts, base_delay=base_delay)
+    prog: Progress = progress or NoProgress()
+    t0 = time.monotonic()
+    try:
+        m.check()
+        report = RestoreReport(m.src.display_url, m.dst.display_url)
+        ids = run_ids(m.src, run_id, skipped=report.runs)
+        lg_keys = list_keys(m.src, LANGGRAPH_ENTRY) if run_id is None else []
+        if not ids and not lg_keys:
+            report.errors.append(f"{m.src.display_url} holds no runs to restore")
+        if lg_keys:
+            report.runs.append(restore_langgraph(m, lg_keys, prog))
+        for rid in ids:
+            try:
+                with gc_paused():
+                    report.runs.append(restore_run(m, rid, version, prog, staging_dir))
+            except StorageUnavailableError as exc:
+                report.runs.append(RunResult(rid, "incomplete", error=str(exc), missing=[str(exc)]))
+        report.seconds = time.monotonic() - t0
+        report.retries = retries_of(m.src, m.dst)
+        return report
+    finally:
+        m.close()
+
+
+def restore_langgraph(m: Mirror, keys: list[str], prog: Progress) -> RunResult:
+    """Copy a LangGraph saver's files back, never over a file the destination already holds.
+
+    A record log is a file of local disk; a saver on S3 or in memory reads one object per key,
+    so for those destinations each log's live records are written out as those objects.
+    """
+    res = RunResult(LANGGRAPH_ENTRY, "restored")
+    dst = m.dst.inner if isinstance(m.dst, RetryingStorage) else m.dst
+    items: list[tuple[str, bytes]] = []
+    with tempfile.TemporaryDirectory(prefix="ckptfs-restore-lg-") as tmp:
+        logs = open_storage(tmp, {"fsync": False})
+        for key in keys:
+            if TEMP_MARKER in key.rsplit("/", 1)[-1]:
+                continue
+            data = m.src.get(key)
+            if key.endswith("/" + LOG_NAME) and not isinstance(dst, LocalStorage):
+                assert isinstance(logs, LocalStorage)
+                logs.put(key, data)
+                view = LogStorage(logs, namespace_plugin(LANGGRAPH_ENTRY).group_of)
+                group = key[: -len(LOG_NAME)]
+                items.extend((k, view.get(k)) for k in view.list(group))
+                view.close()
+            else:
+                items.append((key, data))
+    for key, data in items:
+        try:
+            m.dst.put_if_absent(key, data)
+        except FileExistsError:
+            if m.dst.get(key) == data:
+                res.skipped += 1
+                prog.done(key, len(data), True)
+                continue
+            res.status = "conflict"
+            res.missing.append(key)
+            res.error = f"{key}: the destination already holds a different file under this name"
+            continue
+        res.copied += 1
+        res.bytes += len(data)
+        prog.done(key, len(data), False)
+    return res
+
+
+def restore_points(src_url: StorageLike, run_id: str,
+                   src_options: Mapping[str, Any] | None = None) -> list[int]:
+    """Versions a restore of `run_id` from this mirror can target (by file names; advisory)."""
+    st = as_storage(src_url, src_options, 1, 0.0)
+    files, _ = run_files(st, run_id)
+    chain = name_path(files)
+    if not chain:
+        return []
+    return [f.version for f in chain]
+
+
+def restore_run(m: Mirror, run_id: str, version: int | None, prog: Progress,
+                 staging_dir: str | None) -> RunResult:
+    files, _ = run_files(m.src, run_id)
+    res = RunResult(run_id, "restored")
+    if not files:
+        res.status, res.error = "failed", f"run {run_id!r} is not in the mirror"
+        return res
+    res.source_version = max(f.version for f in files)
+    reader = RunReader(m.src, run_id, m.pool)
+    chain = plan(reader, files, version)
+    if chain is None:
+        res.status = "failed"
+        if version is not None:
+            pts = ", ".join(map(str, [f.version for f in (name_path(files) or [])])) or "none"
+            res.error = f"version {version} of run {run_id!r} is not restorable from the mirror " \
+                        f"(restorable versions: {pts})"
+        else:
+            res.error = f"the mirror holds files of run {run_id!r} but no loadable chain"
+        res.missing = reader.problems
+        return res
+    dst_files, dst_keys = run_files(m.dst, run_id)
+    with Stage(staging_dir) as stage:
+        # Stage: the chain's files and every artifact it references, each verified by sha256.
+        for f in chain.files:
+            stage.put(f.key, reader.raw[f.key])
+        missing: list[str] = []
+
+        def fetch(ref: ArtifactRef) -> None:
+            try:
+                stage_artifact(m.src, stage, ref)
+            except (CopyMissing, FileNotFoundError) as exc:
+                missing.append(str(exc) if isinstance(exc, CopyMissing)
+                               else f"{ref.uri}: missing in the mirror")
+
+        for fut in [m.pool.submit(fetch, r) for r in chain.refs.values()]:
+            fut.result()
+        # Verify: a full load of the staged files, as the agent's resume will do.
+        loaded = verify_stage(stage, run_id, chain.version, version is not None)
+        if loaded is None:
+            res.status = "failed"
+            res.error = (f"run {run_id!r}: the mirror's files do not load"
+                         + (f" at version {version}" if version is not None else ""))
+            res.missing = missing or reader.problems
+            return res
+        if loaded != chain.version:
+            res.notes.append(f"the mirror's newest point v{chain.version} is incomplete "
+                             f"({'; '.join(missing[:3]) or 'does not validate'}); restored v{loaded}")
+            chain2 = plan(reader, chain.files, loaded)
+            if chain2 is None:
+                res.status, res.error = "failed", f"run {run_id!r}: could not re-plan v{loaded}"
+                return res
+            chain = chain2
+        res.version, res.snapshot = chain.version, chain.snapshot.version if chain.snapshot else None
+        strays = sorted({f.key for f in dst_files} - {f.key for f in chain.files})
+        if strays:
+            res.status = "conflict"
+            res.error = (f"{m.dst.display_url} already holds {len(strays)} other file(s) of run "
+                         f"{run_id!r} (e.g. {strays[0]}); restore into a fresh URL")
+            return res
+        # Publish: artifacts, records, snapshot last, each skipped if already there, verified.
+        known: set[str] = set()
+        absent = note_present(m.dst, chain.refs, known)
+        copier = Copier(m.dst, prog, known, absent)
+        refs = list(chain.refs.values())
+        prog.planned(len(refs) + len(chain.files),
+                     sum(r.size for r in refs) + sum(len(reader.raw[f.key]) for f in chain.files))
+        gather([m.pool.submit(copier.artifact, stage, r) for r in refs], res, [r.size for r in refs])
+        if res.ok:
+            gather([m.pool.submit(copier.blob, f.key, reader.raw[f.key], f.key in dst_keys)
+                     for f in chain.records], res, [len(reader.raw[f.key]) for f in chain.records])
+        if res.ok and chain.snapshot is not None:
+            s = chain.snapshot
+            gather([m.pool.submit(copier.blob, s.key, reader.raw[s.key], s.key in dst_keys)], res,
+                    [len(reader.raw[s.key])])
+        if res.ok and res.copied == 0:
+            res.status = "up-to-date"
+        if res.status == "incomplete":
+            res.status = "failed" if res.copied == 0 and res.skipped == 0 else "incomplete"
+    return res
+
+
+def stage_artifact(src: Storage, stage: Storage, ref: ArtifactRef) -> None:
+    h = hashlib.sha256()
+    n = 0
+
+    class _Hashing:
+        def __init__(self, f: IO[bytes]) -> None:
+            self.f = f
+
+        def read(self, size: int = -1) -> bytes:
+            nonlocal n
+            b = self.f.read(size)
+            h.update(b)
+            n += len(b)
+            return b
+
+    if ref.size <= SMALL:
+        data = src.get(ref.uri)
+        h.update(data)
+        n = len(data)
+        if n == ref.size and h.hexdigest() == ref.sha256:
+            stage.put(ref.uri, data)
+    else:
+        with src.open_read(ref.uri) as f:
+            stage.put_stream(ref.uri, _Hashing(f))  # type: ignore[arg-type]
+    if n != ref.size or h.hexdigest() != ref.sha256:
+        stage.delete(ref.uri)
+        raise CopyMissing(f"{ref.uri}: mirror copy does not match its sha256")
+
+
+class Stage(Storage):
+    """Where a restore holds what it fetched until the run verifies: memory, big files on disk.
+
+    Small objects stay in memory; artifacts above the single-GET size stream to a temporary directory
+    (under `staging_dir`), created only if one is needed and removed on exit.
+    """
+
+    capabilities = Capabilities(atomic_put=True, exclusive_create=True, conditional_put=False,
+                                durable=False, shared=False)
+
+    def __init__(self, staging_dir: str | None) -> None:
+        super().__init__("stage://restore", {})
+        self._staging_dir = staging_dir
+        self._mem: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._disk: LocalStorage | None = None
+
+    def __enter__(self) -> Stage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._mem.clear()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def _spill(self) -> LocalStorage:
+        with self._lock:
+            if self._disk is None:
+                self._tmp = tempfile.TemporaryDirectory(prefix="ckptfs-restore-", dir=self._staging_dir)
+                self._disk = LocalStorage(self._tmp.name, self._tmp.name, {"fsync": False})
+            return self._disk
+
+    def _on_disk(self, key: str) -> bool:
+        return self._disk is not None and self._disk.exists(key)
+
+    def put(self, key: str, data: bytes) -> str:
+        with self._lock:
+            self._mem[check_key(key)] = data
+        return ""
+
+    def put_if_absent(self, key: str, data: bytes) -> str:
+        with self._lock:
+            if key in self._mem or self._on_disk(key):
+                raise FileExistsError(key)
+            self._mem[check_key(key)] = data
+        return ""
+
+    def put_if_match(self, key: str, data: bytes, etag: str) -> str:
+        raise NotImplementedError("the restore stage holds immutable objects only")
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        data = self._mem.get(key)
+        if data is not None:
+            return data, ""
+        if self._disk is None:
+            raise FileNotFoundError(key)
+        return self._disk.get_with_etag(key)
+
+    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
+        p = prefix.rstrip("/") + "/" if prefix else ""
+        with self._lock:
+            keys = {k for k in self._mem if k.startswith(p)}
+        if self._disk is not None:
+            keys.update(self._disk.list(prefix))
+        return sorted(k for k in keys if start_after is None or k > start_after)
+
+    def list_dirs(self, prefix: str) -> Keys:
+        p = prefix.rstrip("/") + "/" if prefix else ""
+        return sorted({k[len(p):].split("/", 1)[0] for k in self.list(prefix) if "/" in k[len(p):]})
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self._mem.pop(key, None)
+        if self._disk is not None:
+            self._disk.delete(key)
+
+    def size(self, key: str) -> int:
+        data = self._mem.get(key)
+        if data is not None:
+            return len(data)
+        if self._disk is None:
+            raise FileNotFoundError(key)
+        return self._disk.size(key)
+
+    def put_stream(self, key: str, src: IO[bytes], exclusive: bool = False) -> None:
+        if exclusive and key in self._mem:
+            raise FileExistsError(key)
+        self._spill().put_stream(key, src, exclusive)
+
+    def open_read(self, key: str) -> IO[bytes]:
+        data = self._mem.get(key)
+        if data is not None:
+            return io.BytesIO(data)
+        if self._disk is None:
+            raise FileNotFoundError(key)
+        return self._disk.open_read(key)
+
+
+def verify_stage(stage: Stage, run_id: str, target: int, exact: bool) -> int | None:
+    """The version a full load of the staged run reaches (target, or an earlier fallback)."""
+    store = CheckpointStore(storage=stage, policy=CompactionPolicy(background=False, keep_last=0))
+    try:
+        if store.load_run(run_id, version=target) is not None:
+            return target
+    except (CheckpointCorruptError, VersionNotFoundError, CorruptFileError) as exc:
+        logger.warning("run %s: staged v%d does not load: %s", run_id, target, exc)
+    if exact:
+        return None
+    try:
+        run = store.load_run(run_id, resolve_artifacts=True)
+    except (CheckpointCorruptError, CorruptFileError) as exc:
+        logger.warning("run %s: no staged version loads: %s", run_id, exc)
+        return None
+    if run is None or store.last_load is None:
+        return None
+    return store.last_load.version
+
+
