@@ -16,15 +16,23 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ckptfs.errors import ConfigError, StorageUnavailableError
+from ckptfs.format.units import parse_duration
 from ckptfs.storage.redact import redact_options, redact_url
 from ckptfs.storage.registry import open_storage
 
@@ -57,29 +65,6 @@ def json_object_env(var: str, raw: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ConfigError(f"${var}: must be a JSON object")
     return value
-
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)")
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str | float | int) -> float:
-    """Seconds in '90', '30s', '5m', '1h30m', '1d'; ConfigError for anything else."""
-    if isinstance(text, int | float) and not isinstance(text, bool):
-        seconds = float(text)
-    else:
-        s = str(text).strip().lower()
-        pos, seconds = 0, 0.0
-        for m in _DURATION.finditer(s):
-            if m.start() != pos or (m.group(2) == "" and m.end() != len(s)):
-                break
-            seconds += float(m.group(1)) * _UNITS[m.group(2)]
-            pos = m.end()
-        if not s or pos != len(s):
-            raise ValueError(f"{text!r} is not a duration (use e.g. 30s, 5m, 1h30m)")
-    if seconds <= 0:
-        raise ValueError(f"{text!r}: a duration must be positive")
-    return seconds
 
 
 def _secret_paths(options: Mapping[str, Any], prefix: str) -> list[str]:
@@ -157,6 +142,19 @@ class Settings(BaseModel):
 
     store: StoreSettings = Field(default_factory=lambda: StoreSettings())
     mirror: MirrorSettings = Field(default_factory=lambda: MirrorSettings())
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+    _file: str | None = PrivateAttr(default=None)
+
+    def origin_of(self, key: str) -> str:
+        """Where `key` ("store.url") came from: "$CKPTFS_URL", "<file> (store.url)", or
+        "default store.url"; error messages name it, so a wrong default is recognisable."""
+        if key in self._origins:
+            return self._origins[key]
+        section, _, name = key.partition(".")
+        sec = getattr(self, section, None)
+        if self._file is not None and isinstance(sec, BaseModel) and name in sec.model_fields_set:
+            return f"{self._file} ({key})"
+        return f"default {key}"
 
     def redacted(self) -> dict[str, Any]:
         """The effective settings, safe to print: URLs and options with secrets hidden."""
@@ -251,6 +249,8 @@ def load_settings(path: str | os.PathLike[str] | None = None,
                 "Value error, ")
             lines.append(f"{_describe(loc, origin, where)}: {what}")
         raise ConfigError("; ".join(lines)) from None
+    settings._origins = dict(origin)
+    settings._file = where if where != "defaults" else None
     for section_name in ("store", "mirror"):
         sec_obj: StoreSettings | MirrorSettings = getattr(settings, section_name)
         url = sec_obj.url

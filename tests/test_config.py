@@ -9,8 +9,9 @@ import pytest
 
 from backends.s3.embedded import EmbeddedS3, free_port
 from ckptfs.cli import main as cli_main
-from ckptfs.config import ENV_VARS, load_settings, parse_duration
+from ckptfs.config import ENV_VARS, load_settings
 from ckptfs.errors import ConfigError, StorageUnavailableError
+from ckptfs.format.units import parse_duration
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,39 +1,91 @@
-"""What every subcommand shares: consoles, exit codes, JSON output, error rendering."""
+"""What every subcommand shares: consoles, exit codes, JSON output, error rendering.
+
+Errors are one line on stderr (`error: ...`, scrubbed of every secret the command knows). With
+`--json` the same error is also one JSON object on stdout, so a script that parses stdout always
+gets a document:
+
+    {"ok": false, "command": "runs", "error": {"code": "unreachable", "message": "..."},
+     "exit_code": 2}
+
+Codes (exit code): usage (2), config (2), not-found (2), empty (2: nothing is stored at the URL),
+unreachable (2: the store cannot be reached), corrupt (1), conflict (1), lease-held (1: forget
+refused a run a worker holds), interrupted (130), internal (3: a bug; -vv logs the traceback).
+"""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import logging
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-
+from ckptfs.cli._logging import SCRUBBER
 from ckptfs.errors import (
     CheckpointCorruptError,
     CkptfsError,
     ConfigError,
+    ConflictError,
+    CorruptFileError,
     InvalidIdError,
     StorageUnavailableError,
+    VersionNotFoundError,
 )
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+logger = logging.getLogger("ckptfs.cli")
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
+EXIT_INTERNAL = 3
+EXIT_INTERRUPTED = 130
 
-console = Console()
-console_err = Console(stderr=True)
+# error code -> exit code
+ERROR_EXIT = {"usage": EXIT_USAGE, "config": EXIT_USAGE, "not-found": EXIT_USAGE, "empty": EXIT_USAGE,
+              "unreachable": EXIT_USAGE, "corrupt": EXIT_PROBLEMS, "conflict": EXIT_PROBLEMS,
+              "lease-held": EXIT_PROBLEMS, "interrupted": EXIT_INTERRUPTED, "internal": EXIT_INTERNAL}
+
+
+class Output:
+    """How this invocation reports: set once by `main` (and by the parser before that)."""
+
+    json = False
+    command = ""
+
+
+@functools.cache
+def out() -> Console:
+    """The stdout console (tables, summaries), made on first use: `--help` never imports rich."""
+    from rich.console import Console
+
+    return Console()
+
+
+@functools.cache
+def err() -> Console:
+    """The stderr console (progress, warnings, errors)."""
+    from rich.console import Console
+
+    return Console(stderr=True)
+
 
 Handler = Callable[[argparse.Namespace], int]
 
 
 class CliError(Exception):
-    """A message for the user and the exit code to leave with."""
+    """A message for the user, the error code of the JSON document and the exit code."""
 
-    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+    def __init__(self, message: str, code: int | None = None, kind: str = "usage",
+                 extra: dict[str, Any] | None = None) -> None:
         super().__init__(message)
-        self.code = code
+        self.kind = kind
+        self.code = ERROR_EXIT.get(kind, EXIT_USAGE) if code is None else code
+        self.extra = extra or {}
 
 
 def emit_json(doc: Any) -> None:
@@ -42,23 +94,51 @@ def emit_json(doc: Any) -> None:
     sys.stdout.flush()
 
 
+def warn(message: str) -> None:
+    """One warning line on stderr, scrubbed."""
+    from rich.text import Text
+
+    err().print(Text.assemble(("warning: ", "yellow"), SCRUBBER.scrub(message)), soft_wrap=True)
+
+
+def fail(kind: str, message: str, code: int | None = None, extra: dict[str, Any] | None = None) -> int:
+    """Report an error the documented way (stderr line; JSON object with --json); its exit code."""
+    from rich.text import Text
+
+    exit_code = ERROR_EXIT.get(kind, EXIT_USAGE) if code is None else code
+    message = " ".join(SCRUBBER.scrub(message).split())  # one line, whatever the library wrote
+    label = "corrupt" if kind == "corrupt" else "error"
+    err().print(Text.assemble((f"{label}: ", "red"), message), soft_wrap=True)
+    if Output.json:
+        emit_json({"command": Output.command, **(extra or {}), "ok": False,
+                   "error": {"code": kind, "message": message}, "exit_code": exit_code})
+    return exit_code
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Call the subcommand's handler, turning known errors into a message and exit code."""
     handler: Handler = args.handler
     try:
         return handler(args)
     except CliError as exc:
-        console_err.print(f"[red]error:[/red] {exc}")
-        return exc.code
-    except (StorageUnavailableError, ConfigError, InvalidIdError) as exc:
-        console_err.print(f"[red]error:[/red] {exc}")
-        return EXIT_USAGE
-    except CheckpointCorruptError as exc:
-        console_err.print(f"[red]corrupt:[/red] {exc}")
-        return EXIT_PROBLEMS
+        return fail(exc.kind, str(exc), exc.code, exc.extra)
+    except VersionNotFoundError as exc:
+        return fail("not-found", str(exc))
+    except StorageUnavailableError as exc:
+        return fail("unreachable", str(exc))
+    except ConfigError as exc:
+        return fail("config", str(exc))
+    except InvalidIdError as exc:
+        return fail("usage", str(exc))
+    except (CheckpointCorruptError, CorruptFileError) as exc:
+        return fail("corrupt", str(exc))
+    except ConflictError as exc:
+        return fail("conflict", str(exc))
     except CkptfsError as exc:
-        console_err.print(f"[red]error:[/red] {exc}")
-        return EXIT_USAGE
+        return fail("usage", str(exc))
     except KeyboardInterrupt:
-        console_err.print("interrupted")
-        return 130
+        return fail("interrupted", "interrupted")
+    except Exception as exc:  # a bug: one line, the traceback at -vv (scrubbed like every record)
+        logger.debug("unexpected error", exc_info=True)
+        return fail("internal", f"unexpected {type(exc).__name__}: {exc} (run with -vv for the "
+                                "traceback)")

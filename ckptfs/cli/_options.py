@@ -11,14 +11,20 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ckptfs.cli._common import CliError
-from ckptfs.config import json_object_env
+from ckptfs.cli._logging import SCRUBBER
 from ckptfs.errors import ConfigError
 from ckptfs.storage.redact import redact_options
 
+if TYPE_CHECKING:
+    from ckptfs.config import Settings
+    from ckptfs.storage.base import Storage
+
 ENV_VAR = "CKPTFS_STORAGE_OPTIONS"
+URL_ENV = "CKPTFS_URL"
 _NUMBER = re.compile(r"^-?\d+(?:\.\d+)?$")
 _LITERALS: dict[str, Any] = {"true": True, "false": False, "null": None}
 
@@ -31,6 +37,93 @@ def add_storage_args(parser: argparse.ArgumentParser) -> None:
         help=f"fsspec/s3fs storage option, repeatable; dotted keys nest "
              f"(client_kwargs.endpoint_url=http://127.0.0.1:9000); applied over ${ENV_VAR} (JSON)",
     )
+
+
+def add_config_arg(parser: argparse.ArgumentParser) -> None:
+    """Add `--config PATH`, the settings file every command reads."""
+    parser.add_argument("--config", metavar="PATH", default=None,
+                        help="settings file (default: $CKPTFS_CONFIG, else config/ckptfs.toml if present)")
+
+
+def add_store_args(parser: argparse.ArgumentParser, *, url: bool = True) -> None:
+    """The store every command addresses the same way: URL argument, else --config's store.url,
+    else $CKPTFS_URL (which overrides the file, as every CKPTFS_* variable does); options from
+    the settings, $CKPTFS_STORAGE_OPTIONS and -o, in that order."""
+    if url:
+        parser.add_argument("url", nargs="?", metavar="URL", default=None,
+                            help=f"store URL: /path, file:///path, s3://bucket/prefix, memory://name "
+                                 f"(default: store.url from --config, or ${URL_ENV})")
+    add_config_arg(parser)
+    add_storage_args(parser)
+
+
+def add_json_arg(parser: argparse.ArgumentParser, what: str = "one JSON document on stdout") -> None:
+    parser.add_argument("--json", action="store_true", help=what)
+
+
+def load_cli_settings(args: argparse.Namespace) -> Settings:
+    """The settings this invocation reads (`--config`, $CKPTFS_CONFIG, config/ckptfs.toml, env)."""
+    from ckptfs.config import load_settings
+
+    settings = load_settings(getattr(args, "config", None))
+    SCRUBBER.add_options(settings.store.options)
+    SCRUBBER.add_options(settings.mirror.options)
+    return settings
+
+
+@dataclass
+class Target:
+    """A store this command works on: its URL, its options, and where the URL came from."""
+
+    url: str
+    options: dict[str, Any]
+    origin: str  # "argument", "$CKPTFS_URL", "<file> (store.url)", "default store.url"
+    settings: Settings
+
+    def describe(self) -> str:
+        from ckptfs.storage.redact import redact_url
+
+        shown = redact_url(self.url)
+        return shown if self.origin == "argument" else f"{shown} (from {self.origin})"
+
+
+def store_target(args: argparse.Namespace, url: str | None = None) -> Target:
+    """Resolve the primary store's URL and options, the one way every command does."""
+    settings = load_cli_settings(args)
+    given = url if url is not None else getattr(args, "url", None)
+    opts = merge_options(settings.store.options, storage_options_from_args(args))
+    SCRUBBER.add_options(opts)
+    if given:
+        return Target(given, opts, "argument", settings)
+    return Target(settings.store.url, opts, settings.origin_of("store.url"), settings)
+
+
+def open_existing(target: Target) -> Storage:
+    """The target's Storage, reached once: a store that cannot be reached is exit 2
+    ("unreachable"), one that holds nothing (a missing directory, an empty prefix) exit 2
+    ("empty"), each with one line naming the URL and where it came from."""
+    from ckptfs.storage.registry import open_storage
+
+    storage = open_storage(target.url, target.options)
+    if not holds_anything(storage):
+        storage.close()
+        raise CliError(f"nothing is stored at {target.describe()} (wrong URL or prefix?)", kind="empty")
+    return storage
+
+
+def holds_anything(storage: Storage) -> bool:
+    """One cheap listing (the top-level names): does the store hold anything at all?"""
+    from ckptfs.errors import StorageUnavailableError
+
+    try:
+        return bool(storage.list_dirs(""))
+    except (StorageUnavailableError, ConfigError):
+        raise
+    except FileNotFoundError:
+        return False
+    except Exception as exc:  # botocore/s3fs raise many types for a bad endpoint
+        raise StorageUnavailableError(SCRUBBER.scrub(
+            f"{storage.display_url}: cannot list the store: {type(exc).__name__}: {exc}")) from None
 
 
 def _looks_secret(key: str) -> bool:
@@ -47,6 +140,8 @@ def _value(key: str, raw: str) -> Any:
 
 def storage_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The storage_options dict: the env var's JSON object, then each --storage-option over it."""
+    from ckptfs.config import json_object_env
+
     env = os.environ.get(ENV_VAR, "").strip()
     try:
         opts = json_object_env(ENV_VAR, env) if env else {}

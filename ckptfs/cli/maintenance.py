@@ -1,100 +1,103 @@
-"""`ckptfs` maintenance subcommands: verify, prune, runs, show (what an operator types first).
+"""`ckptfs` maintenance subcommands: verify, prune, forget.
 
 Exit codes: 0 clean / done; 1 problems found (verify: any error or warning, leftovers
-included; info does not count); 2 usage error, unknown run, or a store that cannot be
-reached (the message names the URL with credentials redacted).
+included; info does not count; forget: refused because a worker holds the run); 2 usage error,
+unknown run, nothing stored at the URL, or a store that cannot be reached (the message names the
+URL with credentials redacted). The store comes from the URL argument, else `--config`
+(store.url), else $CKPTFS_URL. Library modules are imported by the handlers, not here.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
-from rich.text import Text
+from ckptfs.cli._common import EXIT_OK, EXIT_PROBLEMS, CliError, emit_json, err, out, warn
+from ckptfs.cli._options import add_json_arg, add_store_args, open_existing, store_target
 
-from ckptfs.cli._common import EXIT_OK, EXIT_PROBLEMS, CliError, console, console_err, emit_json
-from ckptfs.cli._options import add_storage_args, storage_options_from_args
-from ckptfs.errors import CheckpointCorruptError
-from ckptfs.format.keys import RUNS
-from ckptfs.format.models import validate_id
-from ckptfs.maintenance.prune import DEFAULT_ARTIFACT_GRACE, parse_duration, prune
-from ckptfs.maintenance.verify import Report, list_keys, verify
-from ckptfs.storage.registry import open_storage
-from ckptfs.store.checkpoint_store import RESUMABLE_STATUSES, CheckpointStore
-from ckptfs.store.leases import read_leases
+if TYPE_CHECKING:
+    from ckptfs.maintenance.verify import Report
 
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 
 
+def _at_least_one(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"refusing an empty retention policy: N must be >= 1, got {n}")
+    return n
+
+
 def register(sub: Any) -> None:
-    """Add this family's subcommands to the `ckptfs` parser."""
+    """Add verify, prune and forget to the `ckptfs` parser."""
     p = sub.add_parser("verify", help="check every file, the hash chain and artifacts; exit 1 on problems",
                        description="Read-only integrity check of a store (or one run).")
-    p.add_argument("url", help="store URL: /path, file:///path, s3://bucket/prefix")
+    add_store_args(p)
     p.add_argument("--run", dest="run_id", metavar="ID", help="check only this run")
     p.add_argument("--data", action="store_true", help="also read every artifact and check its sha256")
     p.add_argument("--subset", metavar="K/N", help="hash only the K-th of N slices of the artifacts")
     p.add_argument("--subset-runs", action="store_true", help="with --subset, slice runs the same way")
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout, no progress bar")
-    add_storage_args(p)
+    add_json_arg(p, "one JSON document on stdout, no progress bar")
     p.set_defaults(handler=cmd_verify)
 
     p = sub.add_parser("prune", help="apply snapshot retention and collect unreferenced artifacts",
                        description="Keep the newest N valid snapshots per run (and what they need); "
-                                   "delete older files and unreferenced artifacts past a grace period.")
-    p.add_argument("url")
-    p.add_argument("--keep-last", type=int, metavar="N", help="full snapshots to keep per run (>= 1)")
+                                   "delete older files and unreferenced artifacts past a grace period. "
+                                   "Prints a summary per run; -v lists every file.")
+    add_store_args(p)
+    p.add_argument("--keep-last", type=_at_least_one, metavar="N", required=True,
+                   help="full snapshots to keep per run (required, >= 1)")
     p.add_argument("--run", dest="run_id", metavar="ID", help="prune only this run (no artifact collection)")
-    p.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
+    p.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
     p.add_argument("--artifact-grace", default="24h", metavar="DURATION",
                    help="keep unreferenced artifacts younger than this (default 24h; s/m/h/d/w)")
-    p.add_argument("--json", action="store_true")
-    add_storage_args(p)
+    add_json_arg(p)
     p.set_defaults(handler=cmd_prune)
 
-    p = sub.add_parser("runs", help="list runs: status, progress, latest version, resumable")
-    p.add_argument("url")
-    p.add_argument("--json", action="store_true")
-    add_storage_args(p)
-    p.set_defaults(handler=cmd_runs)
-
-    p = sub.add_parser("show", help="show one run's steps")
-    p.add_argument("url")
+    p = sub.add_parser("forget", help="delete a run's files (refused while a worker holds it)",
+                       description="Delete every file of one run, newest version first. Refused while "
+                                   "a step of the run has a live lease (a worker is on it) unless "
+                                   "--force. Artifacts stay for `prune` to collect once unreferenced.")
+    add_store_args(p)
     p.add_argument("run_id", metavar="RUN_ID")
-    p.add_argument("--json", action="store_true")
-    add_storage_args(p)
-    p.set_defaults(handler=cmd_show)
-
-
-def _ts(t: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+    p.add_argument("--dry-run", action="store_true", help="say what would be deleted; delete nothing")
+    p.add_argument("--force", action="store_true", help="forget it even if a worker holds a lease on it")
+    add_json_arg(p)
+    p.set_defaults(handler=cmd_forget)
 
 
 # ------------------------------------------------------------------------------ verify
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    opts = storage_options_from_args(args)
+    from ckptfs.maintenance.verify import verify
+
+    target = store_target(args)
     level = "data" if args.data else "structure"
     if args.subset_runs and not args.subset:
         raise CliError("--subset-runs needs --subset K/N")
-    if args.json:
-        report = verify(args.url, args.run_id, level, args.subset, opts, subset_runs=args.subset_runs)
+    if args.json or not err().is_terminal:  # a bar only where someone watches it
+        report = verify(target.url, args.run_id, level, args.subset, target.options,
+                        subset_runs=args.subset_runs)
     else:
-        with Progress(TextColumn("verify"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("{task.description}"), console=console_err, transient=True) as bar:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("verify"), BarColumn(), MofNCompleteColumn(), TextColumn("files"),
+                      TimeElapsedColumn(), TextColumn("{task.description}"), console=err(),
+                      transient=True) as bar:
             task = bar.add_task("", total=None)
 
             def tick(done: int, total: int, what: str) -> None:
                 bar.update(task, completed=done, total=total or None, description=what[-40:])
 
-            report = verify(args.url, args.run_id, level, args.subset, opts,
+            report = verify(target.url, args.run_id, level, args.subset, target.options,
                             subset_runs=args.subset_runs, progress=tick)
     if report.empty:
-        raise CliError(f"nothing is stored at {report.url} (wrong URL or prefix?)")
+        raise CliError(f"nothing is stored at {target.describe()} (wrong URL or prefix?)", kind="empty",
+                       extra=report.to_dict())  # the verify schema, "empty": true, plus "error"
     if args.json:
         emit_json(report.to_dict())
     else:
@@ -103,16 +106,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _render_report(report: Report) -> None:
+    from rich.text import Text
+
+    from ckptfs.cli._render import Col, print_table
+
+    console = out()
     if report.findings:
-        table = Table(title=f"ckptfs verify {report.url}", show_lines=False)
-        for col in ("severity", "run", "version", "file", "what is wrong"):
-            table.add_column(col, overflow="fold")
         order = {"error": 0, "warning": 1, "info": 2}
-        for f in sorted(report.findings, key=lambda f: (order[f.severity], f.run or "", f.version or 0)):
-            table.add_row(Text(f.severity, style=_STYLE[f.severity]), f.run or "-",
-                          "-" if f.version is None else str(f.version), f.key or "-",
-                          f"{f.code}: {f.message}")
-        console.print(table)
+        rows: list[list[Any]] = [[Text(f.severity, style=_STYLE[f.severity]), f.run or "-",
+                 "-" if f.version is None else str(f.version), f.code, f.key or "-", f.message]
+                for f in sorted(report.findings,
+                                key=lambda f: (order[f.severity], f.run or "", f.version or 0))]
+        cols = [Col("severity"), Col("run", 3), Col("ver", 2, justify="right"), Col("code"),
+                Col("file", 1), Col("what is wrong", flex=True, min_width=20)]
+        print_table(console, cols, rows, title=f"ckptfs verify {report.url}")
     counts = report.to_dict()["counts"]
     subset = f", artifact subset {report.subset}" if report.subset else ""
     verdict = "[green]clean[/green]" if report.ok else "[red]problems found[/red]"
@@ -127,116 +134,87 @@ def _render_report(report: Report) -> None:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    if not args.keep_last or args.keep_last < 1:
-        raise CliError("refusing an empty retention policy: give --keep-last N with N >= 1")
-    grace = parse_duration(args.artifact_grace) if args.artifact_grace else DEFAULT_ARTIFACT_GRACE
-    opts = storage_options_from_args(args)
-    report = prune(args.url, args.keep_last, args.run_id, dry_run=args.dry_run, artifact_grace=grace,
-                   storage_options=opts)
+    from ckptfs.cli._render import Col, print_table
+    from ckptfs.maintenance.prune import DEFAULT_ARTIFACT_GRACE, parse_duration, prune
+
+    try:
+        grace = (parse_duration(args.artifact_grace, allow_zero=True) if args.artifact_grace
+                 else DEFAULT_ARTIFACT_GRACE)
+    except ValueError as exc:
+        raise CliError(f"--artifact-grace: {exc}") from None
+    target = store_target(args)
+    open_existing(target).close()  # nothing stored there: exit 2, not an empty table
+    report = prune(target.url, args.keep_last, args.run_id, dry_run=args.dry_run, artifact_grace=grace,
+                   storage_options=target.options)
     if args.json:
         emit_json(report.to_dict())
         return EXIT_OK if report.ok else EXIT_PROBLEMS
+    console = out()
     verb = "would remove" if args.dry_run else "removed"
-    table = Table(title=f"ckptfs prune {report.url} --keep-last {args.keep_last}"
-                        + (" (dry run)" if args.dry_run else ""))
-    for col in ("run", "kept snapshots", verb):
-        table.add_column(col, overflow="fold")
+    listing = args.verbosity > 0
+    rows = []
     for r in report.runs:
-        table.add_row(r.run_id, ", ".join(str(v) for v in r.kept_snapshots) or "-",
-                      "\n".join(r.deleted) or "-")
-    if report.artifacts_deleted:
-        table.add_row("(artifacts)", "-", "\n".join(report.artifacts_deleted))
-    console.print(table)
-    console.print(f"{verb} {len(report.deleted)} file(s); artifacts: {report.artifact_gc}, "
-                  f"{report.artifacts_referenced} referenced, {len(report.artifacts_young)} unreferenced "
-                  f"but younger than the grace period")
+        kinds: dict[str, int] = {}
+        for key in r.deleted:
+            kind = key.split("/")[2] if key.count("/") >= 3 else "other"
+            kinds[kind] = kinds.get(kind, 0) + 1
+        what = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "-"
+        kept = r.kept_snapshots
+        rows.append([r.run_id, f"{len(kept)}: " + ", ".join(f"v{v}" for v in kept) if kept else "none valid",
+                     str(len(r.deleted)), what])
+    title = f"prune {report.url} --keep-last {args.keep_last}" + (" (dry run)" if args.dry_run else "")
+    if rows:
+        print_table(console, [Col("run"), Col("kept snapshots", 1), Col(verb, justify="right"),
+                              Col("files", flex=True)], rows, title=title)
+    if listing:
+        for key in report.deleted:
+            console.print(f"  {verb} {key}", markup=False, soft_wrap=True)
+    console.print(f"{verb} {len(report.deleted)} file(s) of {len(report.runs)} run(s), "
+                  f"{len(report.artifacts_deleted)} of them artifacts; artifact collection: "
+                  f"{report.artifact_gc}; {report.artifacts_referenced} artifact(s) referenced, "
+                  f"{len(report.artifacts_young)} unreferenced but younger than the grace period"
+                  + ("" if listing or not report.deleted else " (-v lists the files)"))
     for p in report.problems:
-        console_err.print(f"[yellow]warning:[/yellow] {p}")
+        warn(p)
     return EXIT_OK if report.ok else EXIT_PROBLEMS
 
 
-# -------------------------------------------------------------------------- runs, show
+# ------------------------------------------------------------------------------ forget
 
 
-def _open_store(args: argparse.Namespace) -> CheckpointStore:
-    storage = open_storage(args.url, storage_options_from_args(args))
-    list_keys(storage, f"{RUNS}/")  # reach it now: a bad URL is exit 2, not an empty list
-    return CheckpointStore(storage=storage)
+def cmd_forget(args: argparse.Namespace) -> int:
+    from ckptfs.cli._render import Col, print_table
+    from ckptfs.format.models import validate_id
+    from ckptfs.maintenance.forget import LEASE_GRACE, forget
 
-
-def cmd_runs(args: argparse.Namespace) -> int:
-    store = _open_store(args)
-    rows: list[dict[str, Any]] = []
-    code = EXIT_OK
-    for run_id in store.list_runs():
-        try:
-            s = store.run_summary(run_id)
-        except (CheckpointCorruptError, ValueError) as exc:
-            rows.append({"run_id": run_id, "status": "corrupt", "error": str(exc)})
-            code = EXIT_PROBLEMS
-            continue
-        if s is None:
-            continue
-        s["resumable"] = s["status"] in RESUMABLE_STATUSES
-        rows.append(s)
-    if args.json:
-        emit_json({"url": store.url, "runs": rows})
-        return code
-    table = Table(title=f"runs in {store.url}")
-    for col in ("run", "status", "done/total", "failed", "version", "updated", "resumable", "goal"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        if r["status"] == "corrupt":
-            table.add_row(r["run_id"], Text("corrupt", style="bold red"), "-", "-", "-", "-", "-",
-                          r.get("error", "")[:120])
-            continue
-        table.add_row(r["run_id"], r["status"], f"{r['completed_steps']}/{r['total_steps']}",
-                      str(r["failed_steps"]), str(r["version"]), _ts(r.get("updated_at")),
-                      "yes" if r["resumable"] else "no", str(r.get("goal", ""))[:60])
-    console.print(table)
-    return code
-
-
-def cmd_show(args: argparse.Namespace) -> int:
     validate_id(args.run_id, "run id")
-    store = _open_store(args)
-    run = store.load_run(args.run_id, resolve_artifacts=False)
-    if run is None:
-        raise CliError(f"run {args.run_id!r} not found in {store.url}")
-    version = store.last_load.version if store.last_load else None
-    # who holds the steps still to do, when several workers share the run (leases.py)
-    open_steps = [s.id for s in run.steps.values() if s.status.value in ("pending", "running")]
-    leases = read_leases(store.storage, run.run_id, open_steps) if open_steps else {}
-    now = time.time()
-    steps: list[dict[str, Any]] = []
-    for s in run.steps.values():
-        lease = leases.get(s.id)
-        held = None if lease is None or lease.released else {
-            "holder": lease.holder, "generation": lease.generation, "ttl_s": lease.ttl,
-            "written_s_ago": round(now - lease.time, 1)}
-        steps.append({"id": s.id, "title": s.title, "status": s.status.value, "attempts": s.attempt_count,
-                      "duration_s": s.duration_seconds, "dependencies": s.dependencies,
-                      "result": s.result, "error": s.error, "tool_calls": len(s.tool_calls),
-                      "lease": held})
+    storage = open_existing(store_target(args))
+    report = forget(storage, args.run_id, dry_run=args.dry_run, force=args.force)
+    if not report.found:
+        raise CliError(f"run {args.run_id!r} not found in {storage.display_url}", kind="not-found")
+    if report.refused:
+        held = ", ".join(f"{lease.step_id} by {lease.holder} ({lease.written_s_ago:.0f}s ago)"
+                         for lease in report.live_leases[:3])
+        raise CliError(f"run {args.run_id!r} is in use: {len(report.live_leases)} live lease(s): {held}; "
+                       f"stop its workers first, or give --force (a lease counts as live until "
+                       f"{LEASE_GRACE:.0f}s past its ttl)", kind="lease-held", extra=report.to_dict())
     if args.json:
-        emit_json({"url": store.url, "run_id": run.run_id, "goal": run.goal, "status": run.status,
-                   "version": version, "created_at": run.created_at, "updated_at": run.updated_at,
-                   "completed": run.completed_count, "failed": run.failed_count, "steps": steps})
-        return EXIT_OK
-    console.print(f"[bold]{run.run_id}[/bold] {run.status} v{version}: {run.goal}")
-    console.print(f"{run.completed_count}/{len(run.steps)} completed, {run.failed_count} failed, "
-                  f"updated {_ts(run.updated_at)}")
-    table = Table()
-    for col in ("step", "title", "status", "attempts", "duration", "result"):
-        table.add_column(col, overflow="fold")
-    for row in steps:
-        dur = "-" if row["duration_s"] is None else f"{row['duration_s']:.1f}s"
-        summary = row["error"] if row["status"] == "failed" and row["error"] else (row["result"] or "")
-        held = row["lease"]
-        if held is not None:  # the holder's own clock dates the write: a hint, not a verdict
-            summary = (f"leased by {held['holder']} (generation {held['generation']}, written "
-                       f"{held['written_s_ago']:.0f}s ago, ttl {held['ttl_s']:.0f}s)")
-        table.add_row(row["id"], row["title"], row["status"], str(row["attempts"]), dur,
-                      str(summary).replace("\n", " ")[:80])
-    console.print(table)
-    return EXIT_OK
+        emit_json(report.to_dict())
+        return EXIT_OK if report.ok else EXIT_PROBLEMS
+    console = out()
+    verb = "would delete" if args.dry_run else "deleted"
+    stale = [lease for lease in report.leases if not lease.live]
+    if report.live_leases or stale:
+        rows = [[lease.step_id, lease.holder, str(lease.generation), f"{lease.written_s_ago:.0f}s ago",
+                 "live (forced)" if lease.live else "stale"] for lease in report.leases]
+        print_table(console, [Col("step"), Col("holder", 1), Col("gen", 2, justify="right"),
+                              Col("written", 3), Col("lease", flex=True)], rows, title="leases")
+    if args.verbosity > 0 or args.dry_run:
+        for key in report.deleted:
+            console.print(f"  {verb} {key}", markup=False, soft_wrap=True)
+    console.print(f"{verb} {len(report.deleted)} file(s) of run {args.run_id} ({report.versions} "
+                  f"version(s)) in {storage.display_url}; its artifacts stay until `ckptfs prune` "
+                  "finds them unreferenced")
+    for e in report.errors:
+        warn(e)
+    return EXIT_OK if report.ok else EXIT_PROBLEMS

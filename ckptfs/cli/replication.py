@@ -1,10 +1,17 @@
 """`ckptfs` subcommands for replication: mirror, restore, config show.
 
-SRC and DST default to the settings (`store.url`, `mirror.url`); `--storage-option/-o`
-always addresses the primary store (mirror's SRC, restore's DST) and `--mirror-option` the
-mirror side, each over the options from the config file and the environment. Progress bars
-(objects and bytes) go to stderr, the summary table to stdout, or one JSON document with
-`--json`. Exit codes: 0 ok, 1 incomplete or inconsistent, 2 usage error or unreachable.
+SRC and DST default to the settings (`store.url`, `mirror.url`), read the same way as every
+command's store (argument, `--config`, $CKPTFS_URL / $CKPTFS_MIRROR_URL). Storage options name
+their side by direction, on both commands: `--from-option` for SRC, `--to-option` for DST, each
+over the options of that side from the config file and the environment. The older names stay
+where they cannot be misread: on `mirror`, `-o/--storage-option` is the store (SRC) and
+`--mirror-option` the mirror (DST); on `restore`, `--mirror-option` is the mirror (SRC), and
+`-o` is refused with a message naming the two new options (it used to mean DST there, and an
+endpoint given to the wrong side sent the request to the public AWS endpoint).
+
+Progress bars (objects, and bytes) go to stderr, the summary table to stdout, or one JSON
+document with `--json`. Exit codes: 0 ok, 1 incomplete or inconsistent, 2 usage error, nothing
+stored at SRC, or unreachable.
 """
 
 from __future__ import annotations
@@ -15,40 +22,52 @@ import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TransferSpeedColumn,
+from ckptfs.cli._common import EXIT_OK, EXIT_PROBLEMS, CliError, emit_json, err, out
+from ckptfs.cli._logging import SCRUBBER
+from ckptfs.cli._options import (
+    Target,
+    add_config_arg,
+    add_json_arg,
+    add_storage_args,
+    load_cli_settings,
+    merge_options,
+    open_existing,
+    parse_items,
+    storage_options_from_args,
 )
-from rich.table import Table
-
-from ckptfs.cli._common import EXIT_OK, EXIT_PROBLEMS, CliError, console, console_err, emit_json
-from ckptfs.cli._options import add_storage_args, merge_options, parse_items, storage_options_from_args
-from ckptfs.config import Settings, load_settings, parse_duration
 from ckptfs.errors import ConfigError
-from ckptfs.replication.mirror import MirrorJob, TransferReport, mirror, restore
-from ckptfs.storage.redact import redact_options
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+    from rich.progress import Progress, Task, TaskID
+    from rich.text import Text
+
+    from ckptfs.config import Settings
+    from ckptfs.replication.report import TransferReport
 
 MIRROR_OPTIONS_ENV = "CKPTFS_MIRROR_STORAGE_OPTIONS"
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    return load_settings(args.config)
+def _store_options(args: argparse.Namespace, settings: Settings, *flags: str) -> dict[str, Any]:
+    """The primary store's options: settings (file, $CKPTFS_STORAGE_OPTIONS), then the flags."""
+    opts = merge_options(settings.store.options, storage_options_from_args(args)
+                         if "storage_option" in flags else {})
+    for flag in flags:
+        if flag != "storage_option":
+            opts = merge_options(opts, parse_items(getattr(args, flag), "--" + flag.replace("_", "-")))
+    SCRUBBER.add_options(opts)
+    return opts
 
 
-def _store_options(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
-    return merge_options(settings.store.options, storage_options_from_args(args))
-
-
-def _mirror_options(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
-    return merge_options(settings.mirror.options, parse_items(args.mirror_option, "--mirror-option"))
+def _mirror_options(args: argparse.Namespace, settings: Settings, *flags: str) -> dict[str, Any]:
+    """The mirror's options: mirror.options (file, $CKPTFS_MIRROR_STORAGE_OPTIONS), then the flags."""
+    opts = dict(settings.mirror.options)
+    for flag in flags:
+        opts = merge_options(opts, parse_items(getattr(args, flag), "--" + flag.replace("_", "-")))
+    SCRUBBER.add_options(opts)
+    return opts
 
 
 class _Bars:
@@ -56,8 +75,8 @@ class _Bars:
 
     def __init__(self, progress: Progress) -> None:
         self.p = progress
-        self.objects: TaskID = progress.add_task("objects", total=0)
-        self.bytes: TaskID = progress.add_task("bytes", total=0)
+        self.objects: TaskID = progress.add_task("objects", total=0, unit="objects")
+        self.bytes: TaskID = progress.add_task("bytes", total=0, unit="bytes")
         self._lock = threading.Lock()
 
     def planned(self, objects: int, nbytes: int) -> None:
@@ -72,56 +91,95 @@ class _Bars:
             self.p.advance(self.bytes, nbytes)
 
 
+def _amount(task: Task) -> Text:
+    """'12/40 objects' or '1.2/3.4 MB', and its rate in the same unit."""
+    from rich.filesize import decimal
+    from rich.text import Text
+
+    done, total = task.completed, task.total or 0
+    speed = task.finished_speed or task.speed
+    if task.fields.get("unit") == "bytes":
+        rate = f"{decimal(int(speed))}/s" if speed else "-"
+        return Text(f"{decimal(int(done))}/{decimal(int(total))}  {rate}", style="progress.download")
+    rate = f"{speed:.0f} objects/s" if speed else "-"
+    return Text(f"{int(done)}/{int(total)} objects  {rate}", style="progress.download")
+
+
 @contextmanager
 def _bars(enabled: bool) -> Iterator[_Bars | None]:
     if not enabled:
         yield None
         return
-    progress = Progress(TextColumn("{task.description:>8}"), BarColumn(), MofNCompleteColumn(),
-                        DownloadColumn(), TransferSpeedColumn(), TimeElapsedColumn(),
-                        console=console_err, transient=False)
+    from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+
+    class Amount(ProgressColumn):
+        def render(self, task: Task) -> RenderableType:
+            return _amount(task)
+
+    progress = Progress(TextColumn("{task.description:>8}"), BarColumn(), Amount(), TimeElapsedColumn(),
+                        console=err(), transient=False)
     with progress:
         yield _Bars(progress)
 
 
-def _table(report: TransferReport) -> Table:
+def _table(report: TransferReport) -> None:
+    from rich.text import Text
+
+    from ckptfs.cli._render import Col, print_table
+
     verb = "mirror" if report.operation == "mirror" else "restore"
-    t = Table(title=f"{verb} {report.src} -> {report.dst} ({report.seconds:.2f}s, "
-                    f"{report.retries} retries)")
-    for col in ("run", "status", "version", "snapshot", "copied", "skipped", "bytes", "note"):
-        t.add_column(col, justify="right" if col in ("version", "snapshot", "copied", "skipped",
-                                                    "bytes") else "left",
-                     no_wrap=col in ("status", "version"), overflow="fold")
+    rows: list[list[Any]] = []
     for r in report.runs:
         style = "green" if r.status in ("mirrored", "restored", "up-to-date") else (
             "yellow" if r.ok else "red")
         note = r.error or "; ".join(r.notes) or (
             f"{r.source_version - r.previous} new version(s), every_n not reached"
             if r.status == "not-due" else "")
-        t.add_row(r.run_id, f"[{style}]{r.status}[/{style}]", "" if r.version is None else str(r.version),
-                  "-" if r.snapshot is None else str(r.snapshot), str(r.copied), str(r.skipped),
-                  str(r.bytes), note)
-    return t
+        rows.append([r.run_id, Text(r.status, style=style), "" if r.version is None else str(r.version),
+                     "-" if r.snapshot is None else str(r.snapshot), str(r.copied), str(r.skipped),
+                     str(r.bytes), note])
+    cols = [Col("run"), Col("status"), Col("version", justify="right"), Col("snap", 2, justify="right"),
+            Col("copied", 4, justify="right"), Col("skipped", 3, justify="right"),
+            Col("bytes", 1, justify="right"), Col("note", flex=True)]
+    print_table(out(), cols, rows, title=f"{verb} {report.src} -> {report.dst} ({report.seconds:.2f}s, "
+                                          f"{report.retries} retries)")
 
 
 def _finish(report: TransferReport, as_json: bool) -> int:
+    from rich.text import Text
+
     if as_json:
         emit_json(report.to_dict())
     else:
-        console.print(_table(report))
-        for err in report.errors + [f"run {r.run_id}: {r.error}" for r in report.runs if r.error]:
-            console_err.print(f"[red]error:[/red] {err}")
+        _table(report)
+        for e in report.errors + [f"run {r.run_id}: {r.error}" for r in report.runs if r.error]:
+            err().print(Text.assemble(("error: ", "red"), SCRUBBER.scrub(e)), soft_wrap=True)
         if report.missing:
-            console_err.print("[red]missing:[/red]")
+            err().print("[red]missing:[/red]")
             for m in report.missing[:20]:
-                console_err.print(f"  {m}")
+                err().print(f"  {SCRUBBER.scrub(m)}", markup=False, soft_wrap=True)
     return EXIT_OK if report.ok else EXIT_PROBLEMS
 
 
+def _source(url: str | None, fallback: str | None, origin: str, opts: dict[str, Any],
+            settings: Settings, what: str) -> Target:
+    """SRC as a Target, checked to hold something: `mirror ./nonexistent DST` is exit 2."""
+    if url:
+        return Target(url, opts, "argument", settings)
+    if not fallback:
+        raise CliError(what)
+    return Target(fallback, opts, origin, settings)
+
+
 def _cmd_mirror(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    from ckptfs.format.units import parse_duration
+
+    settings = load_cli_settings(args)
     m = settings.mirror
-    src = args.src or settings.store.url
+    src_opts = _store_options(args, settings, "storage_option", "from_option")
+    dst_opts = _mirror_options(args, settings, "mirror_option", "to_option")
+    source = _source(args.src, settings.store.url, settings.origin_of("store.url"), src_opts, settings,
+                     "no store to mirror: give SRC, or set store.url (or $CKPTFS_URL)")
     dst = args.dst or m.url
     if not dst:
         raise CliError("no mirror destination: give DST, or set mirror.url (or $CKPTFS_MIRROR_URL)")
@@ -130,7 +188,6 @@ def _cmd_mirror(args: argparse.Namespace) -> int:
     latest = args.latest or m.latest
     workers = args.workers or m.workers
     attempts = args.attempts or m.attempts
-    src_opts, dst_opts = _store_options(args, settings), _mirror_options(args, settings)
     interval = cron = None
     if not args.once:
         if args.interval:
@@ -144,7 +201,11 @@ def _cmd_mirror(args: argparse.Namespace) -> int:
             interval = m.interval_seconds
         elif m.cron:
             cron = m.cron
+    open_existing(source).close()
+    src = source.url
     if interval is None and cron is None:
+        from ckptfs.replication.mirror import mirror
+
         with _bars(not args.no_progress) as bars:
             report = mirror(src, dst, every_n=every_n, run_id=args.run, src_options=src_opts,
                             dst_options=dst_opts, latest=latest, keep_last=keep_last,
@@ -158,6 +219,8 @@ def _scheduled(args: argparse.Namespace, src: str, dst: str, src_opts: dict[str,
                dst_opts: dict[str, Any], every_n: int, keep_last: int | None, latest: bool,
                workers: int, attempts: int, interval: float | None, cron: str | None,
                grace: int) -> int:
+    from ckptfs.replication.job import MirrorJob
+
     stop = threading.Event()
     failures = [0]
 
@@ -167,7 +230,7 @@ def _scheduled(args: argparse.Namespace, src: str, dst: str, src_opts: dict[str,
         if args.json:
             print(json.dumps(report.to_dict(), default=str), flush=True)
         else:
-            console.print(_table(report))
+            _table(report)
 
     job = MirrorJob(src, dst, every_n=every_n, interval=interval, cron=cron, keep_last=keep_last,
                     latest=latest, src_options=src_opts, dst_options=dst_opts,
@@ -176,8 +239,8 @@ def _scheduled(args: argparse.Namespace, src: str, dst: str, src_opts: dict[str,
     old = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     job.start()
     when = f"every {interval:g}s" if interval is not None else f"on cron {cron!r}"
-    console_err.print(f"mirroring {job.src_display} -> {job.dst_display} {when}; "
-                      "Ctrl-C to stop")
+    err().print(f"mirroring {job.src_display} -> {job.dst_display} {when}; Ctrl-C to stop",
+                markup=False, soft_wrap=True)
     try:
         job.tick()  # a first pass right away, then on schedule
         while not stop.wait(0.5):
@@ -192,42 +255,54 @@ def _scheduled(args: argparse.Namespace, src: str, dst: str, src_opts: dict[str,
 
 
 def _cmd_restore(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    src = args.src or settings.mirror.url
-    if not src:
-        raise CliError("no mirror to restore from: give SRC, or set mirror.url (or $CKPTFS_MIRROR_URL)")
+    if args.storage_option:
+        raise CliError("restore: -o/--storage-option is ambiguous here (it meant DST, the store "
+                       "restored into); say which side: --from-option KEY=VALUE for SRC (the mirror), "
+                       "--to-option KEY=VALUE for DST")
+    settings = load_cli_settings(args)
+    src_opts = _mirror_options(args, settings, "mirror_option", "from_option")
+    dst_opts = _store_options(args, settings, "to_option")
+    source = _source(args.src, settings.mirror.url, settings.origin_of("mirror.url"), src_opts, settings,
+                     "no mirror to restore from: give SRC, or set mirror.url (or $CKPTFS_MIRROR_URL)")
     dst = args.dst or settings.store.url
     if args.version is not None and not args.run:
         raise CliError("--version needs --run: versions are per run")
+    open_existing(source).close()
+    from ckptfs.replication.restore import restore
+
     with _bars(not args.no_progress) as bars:
-        report = restore(src, dst, run_id=args.run, version=args.version,
-                         src_options=_mirror_options(args, settings),
-                         dst_options=_store_options(args, settings),
+        report = restore(source.url, dst, run_id=args.run, version=args.version,
+                         src_options=src_opts, dst_options=dst_opts,
                          workers=args.workers or settings.mirror.workers,
                          attempts=args.attempts or settings.mirror.attempts, progress=bars)
     return _finish(report, args.json)
 
 
 def _cmd_config_show(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    doc = settings.redacted()
+    from ckptfs.storage.redact import redact_options
+
+    settings = load_cli_settings(args)
     store_cli = storage_options_from_args(args)
+    if store_cli:  # what -o adds is checked and shown too (redacted)
+        merged = merge_options(settings.store.options, store_cli)
+        SCRUBBER.add_options(merged)
+        settings.store = settings.store.model_copy(update={"options": merged})
+    doc = settings.redacted()
     if store_cli:
-        doc["store"]["options"] = redact_options(merge_options(settings.store.options, store_cli))
+        doc["store"]["options"] = redact_options(settings.store.options)
     if args.check:
         settings.check()
     if args.json:
         emit_json(doc)
         return EXIT_OK
-    t = Table(title="ckptfs settings (secrets redacted)")
-    t.add_column("key")
-    t.add_column("value")
-    for section, values in doc.items():
-        for k, v in values.items():
-            t.add_row(f"{section}.{k}", json.dumps(v) if isinstance(v, dict | list) else str(v))
-    console.print(t)
+    from ckptfs.cli._render import Col, print_table
+
+    rows = [[f"{section}.{k}", json.dumps(v) if isinstance(v, dict | list) else str(v)]
+            for section, values in doc.items() for k, v in values.items()]
+    print_table(out(), [Col("key"), Col("value", flex=True, min_width=20)], rows,
+                title="ckptfs settings (secrets redacted)")
     if args.check:
-        console.print("[green]reachable[/green]")
+        out().print("[green]reachable[/green]")
     return EXIT_OK
 
 
@@ -250,17 +325,30 @@ _positive = _int_at_least(1)
 _nonneg = _int_at_least(0)
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="PATH", default=None,
-                   help="settings file (default: $CKPTFS_CONFIG, else config/ckptfs.toml if present)")
-    add_storage_args(p)
-    p.add_argument("--mirror-option", action="append", default=[], metavar="KEY=VALUE",
-                   help=f"storage option for the mirror side, repeatable, dotted keys nest; "
-                        f"over ${MIRROR_OPTIONS_ENV} (JSON) and mirror.options")
+def _option(p: argparse.ArgumentParser, flag: str, help: str) -> None:
+    p.add_argument(flag, action="append", default=[], metavar="KEY=VALUE",
+                   help=help + "; repeatable, dotted keys nest (client_kwargs.endpoint_url=...)")
+
+
+def _common(p: argparse.ArgumentParser, operation: str) -> None:
+    add_config_arg(p)
+    if operation == "mirror":
+        _option(p, "--from-option", "storage option for SRC (the store), over store.options")
+        _option(p, "--to-option", f"storage option for DST (the mirror), over mirror.options and "
+                                  f"${MIRROR_OPTIONS_ENV}")
+        add_storage_args(p)  # SRC, the store: the same side as every other command's -o
+        _option(p, "--mirror-option", "the same as --to-option (DST, the mirror)")
+    else:
+        _option(p, "--from-option", f"storage option for SRC (the mirror), over mirror.options and "
+                                    f"${MIRROR_OPTIONS_ENV}")
+        _option(p, "--to-option", "storage option for DST (the store restored into), over store.options")
+        _option(p, "--mirror-option", "the same as --from-option (SRC, the mirror)")
+        p.add_argument("--storage-option", "-o", action="append", default=[], dest="storage_option",
+                       metavar="KEY=VALUE", help="refused: say --from-option or --to-option")
     p.add_argument("--workers", type=_positive, default=None, help="parallel transfers (default 8)")
     p.add_argument("--attempts", type=_positive, default=None,
-                   help="tries per request on throttling/5xx/connection errors (default 6)")
-    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+                   help="tries per request on throttling/5xx/dropped connections (default 6)")
+    add_json_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
 
 
@@ -270,37 +358,42 @@ def register(sub: Any) -> None:
                        description="Copy every run's newest restore point from SRC to DST when it "
                                    "advanced --every-n versions (or at all, with --latest): "
                                    "artifacts, records, snapshot last; reruns converge.")
-    p.add_argument("src", nargs="?", metavar="SRC", help="primary store URL (default store.url)")
-    p.add_argument("dst", nargs="?", metavar="DST", help="mirror URL (default mirror.url)")
+    p.add_argument("src", nargs="?", metavar="SRC", help="primary store URL (default store.url, $CKPTFS_URL)")
+    p.add_argument("dst", nargs="?", metavar="DST",
+                   help="mirror URL (default mirror.url, $CKPTFS_MIRROR_URL)")
     p.add_argument("--every-n", type=_positive, default=None, help="versions between points")
     p.add_argument("--latest", action="store_true", help="always mirror the newest version")
     p.add_argument("--keep-last", type=_positive, default=None,
                    help="retention on the mirror: keep the newest N snapshots per run")
     p.add_argument("--run", default=None, metavar="ID", help="only this run")
     when = p.add_mutually_exclusive_group()
-    when.add_argument("--once", action="store_true", help="one pass, then exit (default)")
+    when.add_argument("--once", action="store_true",
+                      help="one pass, then exit (the default unless the settings give mirror.interval "
+                           "or mirror.cron, as config/ckptfs.toml of this repository does)")
     when.add_argument("--interval", metavar="DURATION", help="a pass every 30s / 5m / 1h")
     when.add_argument("--cron", metavar="EXPR", help="passes on a crontab schedule ('*/5 * * * *')")
-    _common(p)
+    _common(p, "mirror")
     p.set_defaults(handler=_cmd_mirror)
 
     r = sub.add_parser("restore", help="restore runs from a mirror into a fresh store",
                        description="Stage SRC's restore point locally, verify it by loading it, "
                                    "then publish it into DST; the agent can resume there.")
-    r.add_argument("src", nargs="?", metavar="SRC", help="mirror URL (default mirror.url)")
-    r.add_argument("dst", nargs="?", metavar="DST", help="store URL to restore into (default store.url)")
+    r.add_argument("src", nargs="?", metavar="SRC",
+                   help="mirror URL (default mirror.url, $CKPTFS_MIRROR_URL)")
+    r.add_argument("dst", nargs="?", metavar="DST",
+                   help="store URL to restore into (default store.url, $CKPTFS_URL)")
     r.add_argument("--run", default=None, metavar="ID", help="only this run (default: all)")
     r.add_argument("--version", type=_nonneg, default=None, metavar="V",
                    help="restore this version of --run instead of the newest")
-    _common(r)
+    _common(r, "restore")
     r.set_defaults(handler=_cmd_restore)
 
     c = sub.add_parser("config", help="show the effective settings")
     csub = c.add_subparsers(dest="config_command", metavar="ACTION")
     csub.required = True
     show = csub.add_parser("show", help="print the effective settings, secrets redacted")
-    show.add_argument("--config", metavar="PATH", default=None)
-    show.add_argument("--json", action="store_true")
+    add_config_arg(show)
+    add_json_arg(show)
     show.add_argument("--check", action="store_true", help="also reach each configured URL once")
     add_storage_args(show)
     show.set_defaults(handler=_cmd_config_show)

@@ -1,0 +1,138 @@
+"""Tables that stay readable at 80 columns: ids never wrap, long text is cut with an ellipsis,
+and when even that does not fit, the least useful columns go (`--json` has every field).
+
+Rich's own fitting wraps every column a little, which put a run id over three lines and a goal
+over eleven in an 80-column terminal. Here each column is declared with a priority: identifiers
+and statuses are required and never wrap (`no_wrap=True`); one text column flexes (`overflow=
+"ellipsis"`) into what is left; optional columns are dropped, lowest priority first, until the
+required ones plus the flexible column's minimum fit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+    from rich.table import Table
+
+_GAP = 3  # SIMPLE_HEAD without edges: one pad, one space, one pad between columns
+
+
+@dataclass(frozen=True)
+class Col:
+    """A column: `priority` None = always shown; higher numbers are kept longer. `flex` marks
+    the one text column that takes the remaining width and is cut with an ellipsis."""
+
+    header: str
+    priority: int | None = None
+    flex: bool = False
+    justify: str = "left"
+    min_width: int = 10
+    style: str | None = None
+
+
+def _width(cell: Any) -> int:
+    from rich.text import Text
+
+    if isinstance(cell, Text):
+        return max((len(line) for line in cell.plain.splitlines()), default=0)
+    return max((len(line) for line in str(cell).splitlines()), default=0)
+
+
+def fit_table(console: Console, cols: Sequence[Col], rows: Sequence[Sequence[RenderableType]],
+              title: str | None = None) -> tuple[Table, list[str]]:
+    """A table of `rows` fitted to the console's width, and the headers of dropped columns."""
+    from rich import box
+    from rich.table import Table
+
+    natural = [max([len(c.header), *(_width(r[i]) for r in rows)]) for i, c in enumerate(cols)]
+    shown = list(range(len(cols)))
+
+    def need(idx: list[int]) -> int:
+        fixed = sum(natural[i] if not cols[i].flex else min(natural[i], cols[i].min_width) for i in idx)
+        return fixed + _GAP * (len(idx) - 1)
+
+    optional = sorted((i for i, c in enumerate(cols) if c.priority is not None),
+                      key=lambda i: cols[i].priority or 0)
+    dropped: list[str] = []
+    while need(shown) > console.width and optional:
+        victim = optional.pop(0)
+        shown.remove(victim)
+        dropped.append(cols[victim].header)
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  header_style="bold", title_justify="left", title_style="bold")
+    fixed = sum(natural[i] for i in shown if not cols[i].flex) + _GAP * (len(shown) - 1)
+    for i in shown:
+        c = cols[i]
+        if c.flex:
+            room = max(c.min_width, console.width - fixed)
+            table.add_column(c.header, no_wrap=True, overflow="ellipsis", justify=c.justify,  # type: ignore[arg-type]
+                             max_width=room, style=c.style)
+        else:
+            table.add_column(c.header, no_wrap=True, overflow="ellipsis", justify=c.justify,  # type: ignore[arg-type]
+                             min_width=natural[i], style=c.style)
+    for r in rows:
+        table.add_row(*(_one_line(r[i]) for i in shown))
+    return table, dropped
+
+
+def _one_line(cell: RenderableType) -> RenderableType:
+    from rich.text import Text
+
+    if isinstance(cell, Text):
+        return cell
+    return str(cell).replace("\n", " ")
+
+
+def print_table(console: Console, cols: Sequence[Col], rows: Sequence[Sequence[RenderableType]],
+                title: str | None = None) -> None:
+    """Print a fitted table; name the columns left out, so nobody wonders where they went."""
+    table, dropped = fit_table(console, cols, rows)
+    if title:  # its own line(s): a table's own title wraps at the table's width, not the screen's
+        from rich.text import Text
+
+        console.print(Text(title, style="bold"))
+    console.print(table)
+    if dropped:
+        console.print(f"[dim](narrow terminal: {', '.join(dropped)} not shown; --json has every field)[/dim]")
+
+
+def fit_line(console: Console, text: str, bold: int = 0) -> None:
+    """One line cut with an ellipsis at the console's width (a header naming a long goal);
+    the first `bold` characters bold. The whole text is in --json."""
+    from rich.text import Text
+
+    line = Text(" ".join(text.split()), no_wrap=True, overflow="ellipsis")
+    if bold:
+        line.stylize("bold", 0, bold)
+    console.print(line, no_wrap=True, overflow="ellipsis", crop=True)
+
+
+def timestamp(t: float | None) -> str:
+    """Local time, to the second; '-' for unknown."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def age(t: float | None, now: float | None = None) -> str:
+    """'12s ago', '5m ago', '3h ago', '2d ago': short enough for a narrow column."""
+    if not t:
+        return "-"
+    s = max(0.0, (time.time() if now is None else now) - t)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s / size:.0f}{unit} ago"
+    return f"{s:.0f}s ago"
+
+
+def money(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"${v:.4f}" if v < 1 else f"${v:,.2f}"
+
+
+def count(v: int | None) -> str:
+    return "-" if v is None else f"{v:,}"

@@ -1,0 +1,420 @@
+"""`ckptfs` subcommands that read runs: runs, show, versions, diff, export, threads.
+
+All of them only read. The store comes from the URL argument, else `--config` (store.url),
+else $CKPTFS_URL; a store that holds nothing is exit 2 ("empty"), one that cannot be reached
+exit 2 ("unreachable"). Heavy imports happen inside the handlers: registering costs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from ckptfs.cli._common import EXIT_OK, EXIT_PROBLEMS, CliError, emit_json, err, out, warn
+from ckptfs.cli._options import add_json_arg, add_store_args, open_existing, store_target
+from ckptfs.cli._render import Col, age, count, fit_line, money, print_table, timestamp
+
+if TYPE_CHECKING:
+    from ckptfs.format.models import Step, ToolCall
+    from ckptfs.maintenance.history import RunState
+    from ckptfs.storage.base import Storage
+
+
+def _nonneg(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
+    return n
+
+
+def register(sub: Any) -> None:
+    """Add runs, show, versions, diff, export and threads to the `ckptfs` parser."""
+    p = sub.add_parser("runs", help="list runs: status, progress, latest version, resumable",
+                       description="List the runs of a store (and count its LangGraph threads).")
+    add_store_args(p)
+    add_json_arg(p)
+    p.set_defaults(handler=cmd_runs)
+
+    p = sub.add_parser("show", help="one run's steps, their tool calls, tokens and cost",
+                       description="Show a run at its newest version (or --version V): its steps "
+                                   "with status, attempts, duration, tokens, cost and tool calls, "
+                                   "and run totals; --step ID for one step in full; --thread T "
+                                   "for a LangGraph thread.")
+    add_store_args(p)
+    p.add_argument("run_id", nargs="?", metavar="RUN_ID", help="the run (not with --thread)")
+    p.add_argument("--version", type=_nonneg, default=None, metavar="V", help="this stored version")
+    p.add_argument("--step", default=None, metavar="ID", help="one step in full, with its tool calls")
+    p.add_argument("--calls", action="store_true", help="list every step's tool calls")
+    p.add_argument("--thread", default=None, metavar="THREAD_ID",
+                   help="show a LangGraph thread's checkpoints instead of a run")
+    add_json_arg(p)
+    p.set_defaults(handler=cmd_show)
+
+    p = sub.add_parser("versions", help="a run's stored versions (and a mirror's restore points)",
+                       description="Every stored version of a run: which files make it (journal "
+                                   "record, delta, snapshot), when it was written, how far the run "
+                                   "was, and whether a restore can target it.")
+    add_store_args(p)
+    p.add_argument("run_id", metavar="RUN_ID")
+    add_json_arg(p)
+    p.set_defaults(handler=cmd_versions)
+
+    p = sub.add_parser("diff", help="what changed in a run between two versions",
+                       description="Steps added, removed and changed, status changes and tool calls "
+                                   "logged between version V1 and version V2 of a run.")
+    add_store_args(p)
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("v1", type=_nonneg, metavar="V1")
+    p.add_argument("v2", type=_nonneg, metavar="V2")
+    add_json_arg(p)
+    p.set_defaults(handler=cmd_diff)
+
+    p = sub.add_parser("export", help="a run's state as JSON, tool log included",
+                       description="Write a run's state at its newest version (or --version V) as "
+                                   "one JSON document: the run with its steps, the tool log, totals. "
+                                   "Large values are read back from artifacts (--no-artifacts: keep "
+                                   "their summaries).")
+    add_store_args(p)
+    p.add_argument("run_id", metavar="RUN_ID")
+    p.add_argument("--version", type=_nonneg, default=None, metavar="V")
+    p.add_argument("--output", "-O", default=None, metavar="FILE", help="write here instead of stdout")
+    p.add_argument("--no-artifacts", action="store_true", help="keep large values as their summaries")
+    add_json_arg(p, "accepted for symmetry: export always writes JSON")
+    p.set_defaults(handler=cmd_export)
+
+    p = sub.add_parser("threads", help="list LangGraph threads (CkptfsSaver data under langgraph/)",
+                       description="List the LangGraph threads a CkptfsSaver stored: namespaces, "
+                                   "checkpoints, pending writes, newest checkpoint.")
+    add_store_args(p)
+    add_json_arg(p)
+    p.set_defaults(handler=cmd_threads)
+
+
+def _storage(args: argparse.Namespace) -> Storage:
+    return open_existing(store_target(args))
+
+
+# ----------------------------------------------------------------------------------- runs
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from ckptfs.cli.threads import thread_ids
+    from ckptfs.errors import CheckpointCorruptError, CorruptFileError, InvalidIdError
+    from ckptfs.format.models import validate_id
+    from ckptfs.maintenance.history import read_only_store
+    from ckptfs.store.checkpoint_store import RESUMABLE_STATUSES
+
+    storage = _storage(args)
+    store = read_only_store(storage)
+    rows: list[dict[str, Any]] = []
+    code = EXIT_OK
+    for run_id in store.list_runs():
+        try:
+            validate_id(run_id, "run id")
+        except InvalidIdError as exc:  # a stray directory (.snapshot of a NAS): not a run
+            warn(f"{store.url}: runs/{run_id[:60]}: not a run, ignored ({exc}); `ckptfs verify` reports it")
+            continue
+        try:
+            s = store.run_summary(run_id)
+        except (CheckpointCorruptError, CorruptFileError, ValueError) as exc:
+            rows.append({"run_id": run_id, "status": "corrupt", "error": str(exc)})
+            code = EXIT_PROBLEMS
+            continue
+        if s is None:
+            continue
+        s["resumable"] = s["status"] in RESUMABLE_STATUSES
+        rows.append(s)
+    threads = len(thread_ids(storage))
+    if args.json:
+        emit_json({"url": store.url, "runs": rows, "threads": threads})
+        return code
+    from rich.text import Text
+
+    cols = [Col("run"), Col("status"), Col("done", justify="right"), Col("failed", 2, justify="right"),
+            Col("ver", 3, justify="right"), Col("updated", 1), Col("resume", 4),
+            Col("goal", flex=True, min_width=14)]
+    table: list[list[Any]] = []
+    for r in rows:
+        if r["status"] == "corrupt":
+            table.append([r["run_id"], Text("corrupt", style="bold red"), "-", "-", "-", "-", "-",
+                          r.get("error", "")])
+            continue
+        table.append([r["run_id"], r["status"], f"{r['completed_steps']}/{r['total_steps']}",
+                      str(r["failed_steps"]), str(r["version"]), age(r.get("updated_at")),
+                      "yes" if r["resumable"] else "no", str(r.get("goal", ""))])
+    console = out()
+    if rows:
+        print_table(console, cols, table, title=f"runs in {store.url}")
+    else:
+        console.print(f"no runs in {store.url}")
+    if threads:
+        console.print(f"and {threads} LangGraph thread(s) under langgraph/: ckptfs threads {store.url}")
+    return code
+
+
+# ----------------------------------------------------------------------------------- show
+
+
+def _usage_of(call: ToolCall) -> tuple[int | None, float | None]:
+    from ckptfs.maintenance.history import call_usage
+
+    return call_usage(call)
+
+
+def _call_doc(call: ToolCall) -> dict[str, Any]:
+    tokens, cost = _usage_of(call)
+    return {"id": call.id, "tool": call.tool_name, "phase": call.phase, "duration_ms": call.duration_ms,
+            "tokens": tokens, "cost_usd": cost, "timestamp": call.timestamp, "error": call.error,
+            "arguments": call.arguments, "result": call.result, "cache_key": call.cache_key,
+            "idempotency_key": call.idempotency_key}
+
+
+def _step_doc(state: RunState, step: Step, lease: dict[str, Any] | None) -> dict[str, Any]:
+    calls = state.calls(step.id)
+    return {"id": step.id, "title": step.title, "status": step.status.value, "attempts": step.attempt_count,
+            "duration_s": step.duration_seconds, "started_at": step.started_at,
+            "completed_at": step.completed_at, "dependencies": step.dependencies,
+            "result": step.result, "error": step.error, "tokens": step.tokens, "cost_usd": step.cost_usd,
+            "tool_calls": len(calls), "calls": [_call_doc(c) for c in calls], "lease": lease}
+
+
+def _leases(storage: Storage, state: RunState) -> dict[str, dict[str, Any]]:
+    """Who holds the steps still to do, when several workers share the run (store/leases.py)."""
+    from ckptfs.store.leases import read_leases
+
+    open_steps = [s.id for s in state.run.steps.values() if s.status.value in ("pending", "running")]
+    if not open_steps:
+        return {}
+    now = time.time()
+    return {sid: {"holder": rec.holder, "generation": rec.generation, "ttl_s": rec.ttl,
+                  "written_s_ago": round(now - rec.time, 1)}
+            for sid, rec in read_leases(storage, state.run.run_id, open_steps).items() if not rec.released}
+
+
+def _load(storage: Storage, run_id: str, version: int | None, artifacts: bool = False) -> RunState:
+    from ckptfs.errors import CheckpointCorruptError
+    from ckptfs.format.models import validate_id
+    from ckptfs.maintenance.history import load_state
+
+    validate_id(run_id, "run id")
+    try:
+        state = load_state(storage, run_id, version, artifacts=artifacts)
+    except CheckpointCorruptError as exc:
+        # files exist but none loads (each was skipped with a warning naming it)
+        first = exc.problems[0] if exc.problems else "no file could be read"
+        raise CliError(f"run {run_id!r} in {storage.display_url}: no stored version could be loaded "
+                       f"({len(exc.problems)} problem(s); first: {first}); see `ckptfs verify`",
+                       kind="corrupt") from None
+    if state is None:
+        raise CliError(f"run {run_id!r} not found in {storage.display_url}", kind="not-found")
+    return state
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    if args.thread is not None:
+        from ckptfs.cli.threads import show_thread
+
+        if args.run_id is not None:
+            raise CliError("give a RUN_ID or --thread, not both")
+        return show_thread(args, _storage(args))
+    if args.run_id is None:
+        if args.url is None:
+            raise CliError("show needs a RUN_ID (or --thread THREAD_ID)")
+        args.run_id, args.url = args.url, None  # `show RUN`: the store from --config / $CKPTFS_URL
+    storage = _storage(args)
+    state = _load(storage, args.run_id, args.version)
+    if args.step is not None and args.step not in state.run.steps:
+        raise CliError(f"run {args.run_id!r} v{state.version} has no step {args.step!r}", kind="not-found")
+    leases = _leases(storage, state)
+    steps = [_step_doc(state, s, leases.get(s.id)) for s in state.run.steps.values()
+             if args.step is None or s.id == args.step]
+    from ckptfs.maintenance.history import totals
+
+    run = state.run
+    if args.json:
+        emit_json({"url": storage.display_url, "run_id": run.run_id, "goal": run.goal, "status": run.status,
+                   "version": state.version, "created_at": run.created_at, "updated_at": run.updated_at,
+                   "completed": run.completed_count, "failed": run.failed_count,
+                   "total_tokens": run.total_tokens, "total_cost_usd": run.total_cost_usd,
+                   "totals": totals(state), "skipped": state.skipped, "notes": state.notes,
+                   "steps": steps})
+        return EXIT_OK
+    console = out()
+    fit_line(console, f"{run.run_id} {run.status} v{state.version}: {run.goal}", bold=len(run.run_id))
+    t = totals(state)
+    statuses = ", ".join(f"{n} {k}" for k, n in sorted(t["by_status"].items()))
+    console.print(f"{t['steps']} steps ({statuses or 'none'}); {count(t['tokens'])} tokens, "
+                  f"{money(t['cost_usd'])}; {t['tool_calls']} tool call(s), {t['tool_ms'] / 1000:.1f}s in "
+                  f"tools; updated {timestamp(run.updated_at)}")
+    for note in state.notes + [f"skipped: {s}" for s in state.skipped]:
+        err().print(f"[yellow]note:[/yellow] {note}", soft_wrap=True)
+    if args.step is not None:
+        _render_step(steps[0])
+        return EXIT_OK
+    rows = []
+    for s in steps:
+        dur = "-" if s["duration_s"] is None else f"{s['duration_s']:.1f}s"
+        summary = s["error"] if s["error"] and (s["status"] == "failed" or s["result"] is None) \
+            else (s["result"] or "")
+        held = s["lease"]
+        if held is not None:  # the holder's own clock dates the write: a hint, not a verdict
+            summary = (f"leased by {held['holder']} (generation {held['generation']}, written "
+                       f"{held['written_s_ago']:.0f}s ago, ttl {held['ttl_s']:.0f}s)")
+        rows.append([s["id"], s["status"], str(s["attempts"]), dur, count(s["tokens"] or None),
+                     money(s["cost_usd"] or None), str(s["tool_calls"]), str(summary)])
+    cols = [Col("step"), Col("status"), Col("att", 3, justify="right"), Col("dur", 4, justify="right"),
+            Col("tokens", 2, justify="right"), Col("cost", 1, justify="right"),
+            Col("calls", 5, justify="right"), Col("result", flex=True)]
+    print_table(console, cols, rows)
+    if args.calls:
+        _render_calls([(s["id"], c) for s in steps for c in s["calls"]], with_step=True)
+    return EXIT_OK
+
+
+def _render_step(s: dict[str, Any]) -> None:
+    console = out()
+    dur = "-" if s["duration_s"] is None else f"{s['duration_s']:.1f}s"
+    fit_line(console, f"step {s['id']}: {s['title']}")
+    console.print(f"  status {s['status']}, {s['attempts']} attempt(s), {dur}, {count(s['tokens'])} "
+                  f"tokens, {money(s['cost_usd'])}; started {timestamp(s['started_at'])}, finished "
+                  f"{timestamp(s['completed_at'])}")
+    if s["dependencies"]:
+        console.print(f"  depends on: {', '.join(s['dependencies'])}", soft_wrap=True)
+    if s["lease"]:
+        held = s["lease"]
+        console.print(f"  leased by {held['holder']} (generation {held['generation']}, written "
+                      f"{held['written_s_ago']:.0f}s ago, ttl {held['ttl_s']:.0f}s)")
+    if s["result"] is not None:
+        console.print("  result:", s["result"], markup=False, soft_wrap=True)
+    if s["error"]:
+        console.print("  error:", s["error"], markup=False, soft_wrap=True)
+    _render_calls([(s["id"], c) for c in s["calls"]], with_step=False)
+
+
+def _render_calls(calls: list[tuple[str, dict[str, Any]]], with_step: bool) -> None:
+    console = out()
+    if not calls:
+        console.print("no tool calls logged")
+        return
+    rows = []
+    for sid, c in calls:
+        ms = "-" if c["duration_ms"] is None else f"{c['duration_ms']:.0f}ms"
+        shown = c["error"] if c["error"] else c["result"]
+        if isinstance(shown, dict | list):
+            shown = json.dumps(shown, default=str)
+        row = [c["tool"], c["phase"], ms, count(c["tokens"]), money(c["cost_usd"]), timestamp(c["timestamp"]),
+               str(shown)]
+        rows.append([sid, *row] if with_step else row)
+    cols = [Col("tool"), Col("status"), Col("took", 4, justify="right"), Col("tokens", 3, justify="right"),
+            Col("cost", 2, justify="right"), Col("at", 1), Col("result", flex=True)]
+    if with_step:
+        cols.insert(0, Col("step"))
+    print_table(console, cols, rows, title="tool calls")
+
+
+# ------------------------------------------------------------------------------- versions
+
+
+def cmd_versions(args: argparse.Namespace) -> int:
+    from ckptfs.format.models import validate_id
+    from ckptfs.maintenance.history import list_versions
+    from ckptfs.replication.restore import restore_points
+
+    validate_id(args.run_id, "run id")
+    storage = _storage(args)
+    infos = list_versions(storage, args.run_id)
+    if not infos:
+        raise CliError(f"run {args.run_id!r} not found in {storage.display_url}", kind="not-found")
+    points = set(restore_points(storage, args.run_id))
+    for i in infos:
+        i.restore_point = i.version in points
+    if args.json:
+        emit_json({"url": storage.display_url, "run_id": args.run_id,
+                   "restore_points": sorted(points), "versions": [i.to_dict() for i in infos]})
+        return EXIT_OK
+    rows = []
+    for i in infos:
+        done = "-" if i.completed is None else f"{i.completed}/{i.total}"
+        rows.append([str(i.version), "+".join(i.kinds), timestamp(i.time), i.status or "-", done,
+                     count(i.failed), "yes" if i.restore_point else "-",
+                     i.writer or ("unreadable" if not i.readable else "-")])
+    cols = [Col("version", justify="right"), Col("files"), Col("written", 5), Col("status", 4),
+            Col("done", 6, justify="right"), Col("failed", 1, justify="right"), Col("restore", 7),
+            Col("writer", 0)]
+    console = out()
+    print_table(console, cols, rows, title=f"versions of {args.run_id} in {storage.display_url}")
+    shown = sorted(points)
+    more = f" ... v{shown[-1]}" if len(shown) > 6 else ""
+    console.print(f"{len(infos)} version(s); a restore can target {len(shown)}: "
+                  + (", ".join(f"v{v}" for v in shown[:5]) + more if shown else "none"), soft_wrap=True)
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------------- diff
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from ckptfs.maintenance.history import diff_states
+
+    storage = _storage(args)
+    old = _load(storage, args.run_id, args.v1)
+    new = _load(storage, args.run_id, args.v2)
+    d = diff_states(old, new)
+    if args.json:
+        emit_json({"url": storage.display_url, **d.to_dict()})
+        return EXIT_OK
+    console = out()
+    console.print(f"[bold]{d.run_id}[/bold] v{d.old} -> v{d.new}")
+    if d.empty:
+        console.print("no differences")
+        return EXIT_OK
+    for name, (a, b) in d.run_changes.items():
+        console.print(f"run {name}: {a!r} -> {b!r}", markup=False, soft_wrap=True)
+    console.print(f"{len(d.added)} step(s) added, {len(d.removed)} removed, {len(d.changed)} changed, "
+                  f"{sum(len(c) for c in d.calls_added.values())} tool call(s) logged")
+    rows: list[list[Any]] = []
+    changes = {sid: (a, b) for sid, a, b in d.status_changes}
+    for sid in d.removed:
+        rows.append([sid, "removed", "-", ""])
+    for sid in d.added:
+        rows.append([sid, "added", f"- -> {changes[sid][1]}", ", ".join(d.changed.get(sid, []))])
+    for sid, fields in d.changed.items():
+        status = f"{changes[sid][0]} -> {changes[sid][1]}" if sid in changes else "-"
+        rows.append([sid, "changed", status, ", ".join(fields)])
+    if rows:
+        print_table(console, [Col("step"), Col("change"), Col("status"), Col("fields", flex=True)], rows)
+    calls = [(sid, _call_doc(c)) for sid, cs in d.calls_added.items() for c in cs]
+    if calls:
+        _render_calls(calls, with_step=True)
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------------- export
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    storage = _storage(args)
+    state = _load(storage, args.run_id, args.version, artifacts=not args.no_artifacts)
+    doc = {"url": storage.display_url, **state.to_dict()}
+    if args.output:
+        from pathlib import Path
+
+        Path(args.output).write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+        err().print(f"exported {args.run_id} v{state.version} to {args.output}")
+        return EXIT_OK
+    emit_json(doc)
+    return EXIT_OK
+
+
+# -------------------------------------------------------------------------------- threads
+
+
+def cmd_threads(args: argparse.Namespace) -> int:
+    from ckptfs.cli.threads import list_threads
+
+    return list_threads(args, _storage(args))

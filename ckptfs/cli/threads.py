@@ -1,0 +1,191 @@
+"""`ckptfs threads` and `ckptfs show --thread`: a LangGraph saver's data, read without LangGraph.
+
+A `CkptfsSaver` keeps its threads under `langgraph/threads/<thread>/<ns>/` (ckptfs/integrations/
+langgraph/keys.py): `ckpt/<id>` per checkpoint, `held/<id>` for pruned ones still read,
+`writes/<id>/...` for pending writes. On local disk one namespace's objects are records of one
+log file (`.records`); those are read from a private copy, so that a listing never takes the
+log's lock, truncates a torn tail or creates a file in the store it inspects. Checkpoint times
+come from the ids (LangGraph's are uuid6, time-ordered); step and source from the metadata
+when it is plain JSON or msgpack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptfs.cli._common import EXIT_OK, CliError, emit_json, out
+from ckptfs.cli._render import Col, age, print_table, timestamp
+from ckptfs.errors import CkptfsError
+from ckptfs.storage.base import Storage
+
+_UUID_EPOCH = 0x01B21DD213814000  # 1582-10-15 in 100 ns units before 1970-01-01
+
+
+def checkpoint_time(checkpoint_id: str) -> float | None:
+    """The time a uuid6 (or uuid1) checkpoint id was made, as a Unix timestamp."""
+    try:
+        u = uuid.UUID(checkpoint_id)
+    except ValueError:
+        return None
+    if u.version == 6:
+        n = u.int >> 64
+        ts = ((n >> 32) << 28) | (((n >> 16) & 0xFFFF) << 12) | (n & 0x0FFF)
+    elif u.version == 1:
+        ts = u.time
+    else:
+        return None
+    return (ts - _UUID_EPOCH) / 1e7
+
+
+def thread_ids(storage: Storage) -> list[str]:
+    """The (encoded) thread directory names under langgraph/threads/."""
+    from ckptfs.integrations.langgraph.keys import lg_threads_prefix
+
+    try:
+        return storage.list_dirs(lg_threads_prefix().rstrip("/"))
+    except FileNotFoundError:
+        return []
+
+
+@dataclass
+class Namespace:
+    """One thread namespace: its checkpoints (id -> key), held ones and pending writes."""
+
+    ns: str
+    checkpoints: dict[str, str] = field(default_factory=dict)
+    held: int = 0
+    writes: dict[str, int] = field(default_factory=dict)  # checkpoint id -> writes
+    reader: Storage | None = None
+
+
+@contextlib.contextmanager
+def _namespaces(storage: Storage, thread_seg: str) -> Iterator[list[Namespace]]:
+    """The namespaces of one thread, each with a Storage to read its objects from."""
+    from ckptfs.integrations.langgraph.keys import LG_ROOT, lg_decode, lg_group_of
+    from ckptfs.storage.logstore import LOG_NAME, LogStorage
+    from ckptfs.storage.registry import open_storage
+
+    base = f"{LG_ROOT}/threads/{thread_seg}/"
+    keys = storage.list(base)
+    groups: dict[str, list[str]] = {}
+    for key in keys:
+        group = lg_group_of(key)
+        if group is not None:
+            groups.setdefault(group, []).append(key)
+    with tempfile.TemporaryDirectory(prefix="ckptfs-threads-") as tmp:
+        local = open_storage(tmp, {"fsync": False})
+        out_: list[Namespace] = []
+        for group, gkeys in sorted(groups.items()):
+            seg = group[len(base):].strip("/")
+            ns = Namespace("" if seg == "_" else lg_decode(seg[1:]) if seg.startswith("_") else seg)
+            reader: Storage = storage
+            if any(k.endswith("/" + LOG_NAME) for k in gkeys):
+                for k in gkeys:  # a private copy: reading never touches the store's log
+                    local.put(k, storage.get(k))
+                view = LogStorage(local, lg_group_of)  # type: ignore[arg-type]
+                gkeys = view.list(group)
+                reader = view
+            ns.reader = reader
+            for k in gkeys:
+                rest = k[len(group):].split("/")
+                if rest[0] == "ckpt" and len(rest) == 2:
+                    ns.checkpoints[lg_decode(rest[1])] = k
+                elif rest[0] == "held":
+                    ns.held += 1
+                elif rest[0] == "writes" and len(rest) >= 2:
+                    cid = lg_decode(rest[1])
+                    ns.writes[cid] = ns.writes.get(cid, 0) + 1
+            out_.append(ns)
+        yield out_
+
+
+def list_threads(args: argparse.Namespace, storage: Storage) -> int:
+    """`ckptfs threads URL`: one row per thread namespace."""
+    from ckptfs.integrations.langgraph.keys import lg_decode
+
+    rows: list[dict[str, Any]] = []
+    for seg in thread_ids(storage):
+        with _namespaces(storage, seg) as namespaces:
+            for ns in namespaces:
+                newest = max(ns.checkpoints, default=None)
+                rows.append({"thread_id": lg_decode(seg), "checkpoint_ns": ns.ns,
+                             "checkpoints": len(ns.checkpoints), "held": ns.held,
+                             "pending_writes": sum(ns.writes.values()), "newest": newest,
+                             "newest_time": checkpoint_time(newest) if newest else None})
+    if args.json:
+        emit_json({"url": storage.display_url, "threads": rows})
+        return EXIT_OK
+    console = out()
+    if not rows:
+        console.print(f"no LangGraph threads in {storage.display_url}")
+        return EXIT_OK
+    table = [[r["thread_id"], r["checkpoint_ns"] or "(root)", str(r["checkpoints"]), str(r["pending_writes"]),
+              age(r["newest_time"]), r["newest"] or "-"] for r in rows]
+    cols = [Col("thread"), Col("ns", 3), Col("ckpts", justify="right"), Col("writes", 2, justify="right"),
+            Col("newest", 4), Col("newest checkpoint", flex=True, min_width=12)]
+    print_table(console, cols, table, title=f"LangGraph threads in {storage.display_url}")
+    return EXIT_OK
+
+
+def _metadata(obj: Any) -> dict[str, Any]:
+    """The checkpoint's metadata if it is plain data (json or msgpack without extensions)."""
+    kind = obj.header.get("mt")
+    raw = obj.section("mo", "mn")
+    try:
+        if kind == "json":
+            doc = json.loads(raw)
+        elif kind == "msgpack":
+            import ormsgpack
+
+            doc = ormsgpack.unpackb(raw, ext_hook=lambda _code, _data: None)
+        else:
+            return {}
+    except Exception:  # someone else's serializer: show what the header says, not more
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def show_thread(args: argparse.Namespace, storage: Storage) -> int:
+    """`ckptfs show URL --thread T`: the thread's checkpoints, newest first."""
+    from ckptfs.integrations.langgraph import codec as lgcodec
+    from ckptfs.integrations.langgraph.keys import lg_encode
+
+    seg = lg_encode(args.thread, "thread_id")
+    if seg not in thread_ids(storage):
+        raise CliError(f"thread {args.thread!r} not found in {storage.display_url}", kind="not-found")
+    rows: list[dict[str, Any]] = []
+    with _namespaces(storage, seg) as namespaces:
+        for ns in namespaces:
+            assert ns.reader is not None
+            for cid in sorted(ns.checkpoints, reverse=True):
+                row: dict[str, Any] = {"checkpoint_ns": ns.ns, "checkpoint_id": cid,
+                                       "time": checkpoint_time(cid), "pending_writes": ns.writes.get(cid, 0)}
+                try:
+                    obj = lgcodec.unpack(ns.reader.get(ns.checkpoints[cid]), ns.checkpoints[cid])
+                except (CkptfsError, FileNotFoundError) as exc:
+                    row["error"] = str(exc)
+                    rows.append(row)
+                    continue
+                md = _metadata(obj)
+                row.update(parent=obj.header.get("parent"), run_id=obj.header.get("run_id"),
+                           step=md.get("step"), source=md.get("source"),
+                           channels_written=sorted(obj.parts), channels=sorted(obj.header.get("refs") or {}))
+                rows.append(row)
+    if args.json:
+        emit_json({"url": storage.display_url, "thread_id": args.thread, "checkpoints": rows})
+        return EXIT_OK
+    table = [[r["checkpoint_id"], r["checkpoint_ns"] or "(root)",
+              "-" if r.get("step") is None else str(r["step"]), str(r.get("source") or "-"),
+              timestamp(r["time"]), str(r["pending_writes"]),
+              r.get("error") or ", ".join(r.get("channels_written", [])) or "-"] for r in rows]
+    cols = [Col("checkpoint"), Col("ns", 2), Col("step", justify="right"), Col("source", 3),
+            Col("at", 4), Col("writes", 1, justify="right"), Col("channels written", flex=True)]
+    print_table(out(), cols, table, title=f"thread {args.thread} in {storage.display_url}")
+    return EXIT_OK
