@@ -4,7 +4,20 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench clean venv langgraph-demo workers-demo
+.PHONY: demo test lint typecheck bench clean venv langgraph-demo workers-demo test-lgmin
+
+# The oldest LangGraph that pyproject admits, in a second venv, for the LangGraph test files
+# only: langgraph 1.0.1 is the first release that accepts langgraph-checkpoint 3.0.0. The
+# stamp names the pins, so changing them rebuilds the venv (once, about a minute).
+LGMIN := .venv-lgmin
+LGMIN_PINS := langgraph==1.0.1 langgraph-checkpoint==3.0.0 langgraph-checkpoint-sqlite==3.0.0 \
+	langgraph-checkpoint-conformance==0.0.2
+LGMIN_STAMP := $(LGMIN)/.installed-lg1.0.1-cp3.0.0
+# (DeltaChannel needs langgraph-checkpoint 4.1+, and the importer's tests need the
+# newest savers' schemas: those run in .venv only)
+LG_TESTS := tests/test_langgraph_saver.py tests/test_langgraph_conformance.py \
+	tests/test_langgraph_versions.py tests/test_langgraph_ownership.py tests/test_lgcheck.py \
+	tests/test_lgformat.py
 
 $(STAMP): pyproject.toml
 	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (set PY=python3 to override)"; exit 2; }
@@ -15,13 +28,26 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+$(LGMIN_STAMP): pyproject.toml
+	@command -v $(PY) >/dev/null 2>&1 || { echo "need $(PY) on PATH (set PY=python3 to override)"; exit 2; }
+	rm -rf $(LGMIN)
+	$(PY) -m venv $(LGMIN)
+	$(LGMIN)/bin/pip install --quiet --upgrade pip
+	$(LGMIN)/bin/pip install --quiet -e '.[dev,langgraph]' $(LGMIN_PINS)
+	$(LGMIN)/bin/python -c "import importlib.metadata as m; \
+		assert m.version('langgraph') == '1.0.1' and m.version('langgraph-checkpoint') == '3.0.0'"
+	@touch $(LGMIN_STAMP)
+
+test-lgmin: $(LGMIN_STAMP)
+	$(LGMIN)/bin/python -m pytest -q -p no:cacheprovider $(LG_TESTS)
+
 lint: $(STAMP)
 	$(BIN)/ruff check ckptfs tests examples benchmarks backends
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict ckptfs
 
-test: lint typecheck
+test: lint typecheck test-lgmin
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 demo: $(STAMP)
@@ -42,4 +68,4 @@ workers-demo: $(STAMP)
 	$(BIN)/python examples/workers.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(LGMIN) .mypy_cache .ruff_cache .pytest_cache build *.egg-info

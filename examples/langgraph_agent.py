@@ -5,6 +5,10 @@ five-node graph with a fake model on a CkptfsSaver and kills itself (os._exit, n
 inside node 4. A second child opens the same URL and resumes with `invoke(None, ...)`: nodes
 1-3 are not run again, node 4 and 5 are. Exit status 0 only if that is what happened.
 
+One writer per thread: the dead child still holds the thread's lease, so the second one first
+watches it go unrenewed for a full lease ttl (3 s here, 20 s by default) and then takes the
+thread over; a live holder would have got it a `ThreadBusyError` instead.
+
     .venv/bin/python examples/langgraph_agent.py
 """
 
@@ -15,12 +19,14 @@ import operator
 import os
 import subprocess
 import sys
+import time
 from typing import Annotated, Any, TypedDict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 NODES = ["plan", "search", "read", "write", "review"]
 CRASH_IN = "write"
+LEASE_TTL = 3.0
 
 
 class State(TypedDict):
@@ -37,6 +43,7 @@ def child(url: str, options: dict[str, Any], crash: bool) -> None:
     from langgraph.graph import END, START, StateGraph
 
     from ckptfs.integrations.langgraph import CkptfsSaver
+    from ckptfs.integrations.langgraph.ownership import read_thread_lease
 
     def make(node: str) -> Any:
         def run(state: State) -> dict[str, Any]:
@@ -53,7 +60,8 @@ def child(url: str, options: dict[str, Any], crash: bool) -> None:
         g.add_edge(prev, node)
         prev = node
     g.add_edge(prev, END)
-    graph = g.compile(checkpointer=CkptfsSaver(url, options))
+    saver = CkptfsSaver(url, options, lease_ttl=LEASE_TTL)
+    graph = g.compile(checkpointer=saver)
     cfg: Any = {"configurable": {"thread_id": "report-42"}}
     if crash:
         graph.invoke({"messages": ["user: write me a report"], "ran": []}, cfg, durability="sync")
@@ -61,7 +69,13 @@ def child(url: str, options: dict[str, Any], crash: bool) -> None:
     before = graph.get_state(cfg)
     print(f"  child {os.getpid()}: found checkpoint at step {before.metadata['step']}, "
           f"nodes done {before.values['ran']}, next {list(before.next)}", flush=True)
+    dead = read_thread_lease(saver.storage, "report-42")
+    started = time.monotonic()
     out = graph.invoke(None, cfg, durability="sync")
+    now = read_thread_lease(saver.storage, "report-42")
+    if dead is not None and now is not None:
+        print(f"  child {os.getpid()}: took the thread over from {dead.holder} (generation "
+              f"{dead.generation} -> {now.generation}) after {time.monotonic() - started:.1f}s", flush=True)
     print(json.dumps({"ran": out["ran"], "messages": len(out["messages"])}), flush=True)
 
 

@@ -165,3 +165,26 @@ def test_a_prune_during_the_pass_leaves_a_readable_mirror(tmp_path: Path) -> Non
     assert verify(dst, level="data").ok
     latest = CkptfsSaver(dst, log=False).get_tuple({"configurable": {"thread_id": "t"}})
     assert latest is not None and latest.checkpoint["channel_values"]["messages"] == chain[-1][1]
+
+
+def test_thread_leases_stay_behind_so_a_restored_thread_is_writable_at_once(tmp_path: Path) -> None:
+    """The saver holds a lease per thread it writes (one writer per thread). A lease is
+    coordination, not state: mirrored and restored, it would make the first writer after a
+    machine loss wait a whole ttl for the dead machine's lease to expire."""
+    from ckptfs.replication.restore import restore
+
+    src, mir, dst = (str(tmp_path / n) for n in ("src", "mirror", "restored"))
+    saver = CkptfsSaver(src, lease_ttl=600)  # a writer that will never give its lease back
+    chain = _put_chain(saver, "t1", 3)
+    assert any("/leases/" in str(p) for p in Path(src).rglob("*.lease"))
+    assert mirror(src, mir).ok and restore(mir, dst).ok
+    for root in (mir, dst):
+        assert not list(Path(root).rglob("*.lease")), root
+    after = CkptfsSaver(dst, busy_timeout=0)  # would be ThreadBusyError if the lease came along
+    after.put(chain[-1][0], {"v": 4, "id": str(uuid6(clock_seq=7)), "ts": "2026-01-01",
+                             "channel_values": {"messages": [*chain[-1][1], "after restore"]},
+                             "channel_versions": {"messages": 7}, "versions_seen": {}},
+              {"source": "loop", "step": 7}, {"messages": 7})
+    assert _history(dst, "t1")[0][1][-1] == "after restore"
+    saver.close()
+    after.close()

@@ -23,7 +23,8 @@ from typing import Any
 
 from ckptfs.cli._common import EXIT_USAGE, CliError, Output, fail, run_command
 
-COMMAND_MODULES = ("ckptfs.cli.runs", "ckptfs.cli.maintenance", "ckptfs.cli.replication")
+COMMAND_MODULES = ("ckptfs.cli.runs", "ckptfs.cli.maintenance", "ckptfs.cli.replication",
+                   "ckptfs.cli.langgraph")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -35,8 +35,9 @@ def namespace_plugin(root: str) -> ModuleType:
     """The plug-in of a namespace ('langgraph' or 'langgraph/'), imported by its name.
 
     A plug-in module offers `check(storage, keys, level, max_decoded)` (verify's findings as
-    (severity, code, message, key) tuples) and `group_of(key)` (which keys share one record
-    log on local disk, so mirror and restore copy a log whole). It needs no framework installed.
+    (severity, code, message, key) tuples), `group_of(key)` (which keys share one record log on
+    local disk, so mirror and restore copy a log whole) and `is_transient(key)` (coordination
+    objects, such as leases, that mirror and restore leave behind). It needs no framework.
     """
     return importlib.import_module(NAMESPACE_PLUGINS[root.strip("/")])
 _WIDTH = 12

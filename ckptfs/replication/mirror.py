@@ -54,6 +54,7 @@ from ckptfs.errors import (
     ConfigError,
     StorageUnavailableError,
 )
+from ckptfs.format.keys import namespace_plugin
 from ckptfs.replication.copy import (
     DEFAULT_ATTEMPTS,
     DEFAULT_WORKERS,
@@ -209,11 +210,12 @@ class Mirror:
         must not come back with a restore.
         """
         res = RunResult(LANGGRAPH_ENTRY, "up-to-date")
-        present = set(list_keys(self.dst, LANGGRAPH_ENTRY))
+        transient = namespace_plugin(LANGGRAPH_ENTRY).is_transient
+        present = {k for k in list_keys(self.dst, LANGGRAPH_ENTRY) if not transient(k)}
         done: set[str] = set()
         for _round in range(3):
             keys = [k for k in list_keys(self.src, LANGGRAPH_ENTRY)
-                    if TEMP_MARKER not in k.rsplit("/", 1)[-1]]
+                    if TEMP_MARKER not in k.rsplit("/", 1)[-1] and not transient(k)]
             vanished = False
             for key in keys:
                 if key in done:

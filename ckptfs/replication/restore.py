@@ -104,9 +104,10 @@ def restore_langgraph(m: Mirror, keys: list[str], prog: Progress) -> RunResult:
     items: list[tuple[str, bytes]] = []
     with tempfile.TemporaryDirectory(prefix="ckptfs-restore-lg-") as tmp:
         logs = open_storage(tmp, {"fsync": False})
+        transient = namespace_plugin(LANGGRAPH_ENTRY).is_transient
         for key in keys:
-            if TEMP_MARKER in key.rsplit("/", 1)[-1]:
-                continue
+            if TEMP_MARKER in key.rsplit("/", 1)[-1] or transient(key):
+                continue  # half-written, or a lease: no state to restore
             data = m.src.get(key)
             if key.endswith("/" + LOG_NAME) and not isinstance(dst, LocalStorage):
                 assert isinstance(logs, LocalStorage)

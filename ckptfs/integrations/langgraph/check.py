@@ -20,7 +20,7 @@ from typing import Any
 
 from ckptfs.errors import CkptfsError
 from ckptfs.integrations.langgraph import codec as fmt
-from ckptfs.integrations.langgraph.keys import LG_ROOT, lg_group_of
+from ckptfs.integrations.langgraph.keys import LG_ROOT, lg_group_of, lg_leases_prefix
 from ckptfs.storage.base import Storage
 from ckptfs.storage.local import LocalStorage
 from ckptfs.storage.logfile import RecordLog
@@ -61,6 +61,8 @@ def check(storage: Storage, keys: list[str], level: str,
         owner = lg_group_of(key)
         if owner is not None:
             groups.add(owner)
+        elif key.startswith(lg_leases_prefix()):
+            continue  # who writes a thread now: not checkpoint state (as verify skips runs' leases)
         elif key.startswith(f"{LG_ROOT}/runs/"):
             yield from _check_marker(storage, key)
         else:
@@ -184,3 +186,10 @@ def _check_writes(obj: fmt.Unpacked, key: str) -> Iterator[Problem]:
 
 check_langgraph = check  # the name the saver's own tests know it by
 group_of = lg_group_of  # the plug-in's other half: which keys share one record log
+
+
+def is_transient(key: str) -> bool:
+    """Keys that are coordination, not checkpoint state (the thread leases): mirror and
+    restore leave them behind, as they leave the workers' step leases, so a restored thread
+    is not held by a writer on the lost machine."""
+    return key.startswith(lg_leases_prefix())

@@ -8,6 +8,7 @@ from __future__ import annotations
 #   langgraph/threads/<thread>/<ns>/held/<checkpoint_id>     a pruned checkpoint's versions still in use
 #   langgraph/threads/<thread>/<ns>/writes/<checkpoint_id>/<task_id>/<slot>   one task's pending writes
 #   langgraph/runs/<run_id>/<thread>/<ns>                    marker: this run wrote checkpoints there
+#   langgraph/leases/<thread>.lease                           who writes the thread now (ownership.py)
 #
 # On local disk the keys of one <thread>/<ns> are records of one append-only log,
 # langgraph/threads/<thread>/<ns>/.records (ckptfs/logstore.py), not a file each: `lg_group_of`.
@@ -87,12 +88,28 @@ def lg_write_key(thread_id: str, checkpoint_ns: str, checkpoint_id: str, task_id
     return f"{lg_writes_prefix(thread_id, checkpoint_ns, checkpoint_id)}{task}/{slot}"
 
 
+def lg_write_slot(idx: int) -> str:
+    """The last segment of a pending-writes object: `r<first idx>` holds a task's regular writes
+    of one call, `s<n>` one special write (idx -n: error, scheduled, interrupt, resume)."""
+    return f"r{idx:06d}" if idx >= 0 else f"s{-idx:02d}"
+
+
 def lg_run_prefix(run_id: str) -> str:
     return f"{LG_ROOT}/runs/{lg_encode(run_id, 'run_id')}/"
 
 
 def lg_run_marker_key(run_id: str, thread_id: str, checkpoint_ns: str) -> str:
     return f"{lg_run_prefix(run_id)}{lg_encode(thread_id, 'thread_id')}/{lg_ns_segment(checkpoint_ns)}"
+
+
+def lg_leases_prefix() -> str:
+    return f"{LG_ROOT}/leases/"
+
+
+def lg_lease_key(thread_id: str) -> str:
+    """The lease object of a thread's one writer (`ownership.py`): not checkpoint state, and
+    outside `threads/`, so deleting or copying a thread never touches who may write it."""
+    return f"{lg_leases_prefix()}{lg_encode(thread_id, 'thread_id')}.lease"
 
 
 def lg_group_of(key: str) -> str | None:

@@ -27,8 +27,9 @@ import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+import langgraph.checkpoint.base as _lg_base
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -40,9 +41,11 @@ from langgraph.checkpoint.base import (
     PendingWrite,
     get_checkpoint_id,
     get_checkpoint_metadata,
-    writes_sort_key,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+
+if TYPE_CHECKING:  # langgraph-checkpoint 4.1+; older releases have no delta channels to serve
+    from langgraph.checkpoint.base import DeltaChannelHistory
 
 from ckptfs.errors import ConfigError, CorruptFileError
 from ckptfs.integrations.langgraph import codec as fmt
@@ -58,8 +61,17 @@ from ckptfs.integrations.langgraph.keys import (
     lg_thread_prefix,
     lg_threads_prefix,
     lg_write_key,
+    lg_write_slot,
     lg_writes_prefix,
 )
+from ckptfs.integrations.langgraph.ownership import (
+    DEFAULT_IDLE,
+    DEFAULT_TTL,
+    ThreadBusyError,
+    ThreadLeases,
+    leases_for,
+)
+from ckptfs.integrations.langgraph.versions import kind_of, next_version, remember_kind
 from ckptfs.storage.base import Storage
 from ckptfs.storage.local import LocalStorage
 from ckptfs.storage.logstore import LogStorage
@@ -67,15 +79,26 @@ from ckptfs.storage.registry import open_storage
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CkptfsSaver"]
+__all__ = ["CkptfsSaver", "ThreadBusyError"]
+
+
+def _path_task_idx(task_path: str, task_id: str = "", idx: int = 0) -> tuple[str, str, int]:
+    return (task_path, task_id, idx)
+
+
+# langgraph-checkpoint 4.3 names the order a super-step's writes replay in; older releases have
+# no name for it (their savers sort by task id), and the saver keeps that same finer order
+writes_sort_key: Callable[[str, str, int], tuple[str, str, int]] = getattr(
+    _lg_base, "writes_sort_key", _path_task_idx)
 
 T = TypeVar("T")
 Ref = list[Any]  # [holder checkpoint id or None (no value), channel version]
 # spelled here once: inside the class, `list` is the LangGraph method
-_WriteItems = list[tuple[int, str, Any]]
+_SerializedWrites = list[tuple[int, str, str, bytes]]  # (idx, channel, serde type, bytes)
 _Strs = list[str]
 DEFAULT_FULL_EVERY = 16
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
+_MAX_WROTE = 10_000
 _CKPT = "ckpt/"
 _HELD = "held/"
 
@@ -133,7 +156,7 @@ def _of_run(run_id: str) -> Callable[[Sequence[_Loaded]], set[str]]:
     return choose
 
 
-class CkptfsSaver(BaseCheckpointSaver[int]):
+class CkptfsSaver(BaseCheckpointSaver[Any]):
     """LangGraph checkpointer on ckptfs storage: local disk, S3 or memory, by URL.
 
     Parameters
@@ -153,6 +176,17 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
         On local disk, keep each thread namespace's objects as records of one append-only file
         (one fdatasync per put, as SQLite's WAL, instead of a file each: fsync + rename + fsync
         of the directory). Other backends store an object per put either way.
+    exclusive
+        One writer per thread (on by default): a thread another process is writing raises
+        `ThreadBusyError` instead of forking its history (see `ownership.py`). A lease per
+        thread, by conditional writes, on any backend shared between processes (local disk,
+        S3); memory needs none.
+    lease_ttl, lease_idle
+        A holder that stops renewing (crashed, stalled) loses the thread after `lease_ttl`
+        seconds; a thread not written for `lease_idle` seconds is given back.
+    busy_timeout
+        Seconds a write waits for another process to let its thread go before
+        `ThreadBusyError` (0: fail as soon as the other holder is seen renewing).
     """
 
     def __init__(
@@ -167,6 +201,10 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         max_decoded_bytes: int = fmt.DEFAULT_MAX_DECODED,
         log: bool = True,
+        exclusive: bool = True,
+        lease_ttl: float = DEFAULT_TTL,
+        lease_idle: float = DEFAULT_IDLE,
+        busy_timeout: float = 0.0,
     ) -> None:
         super().__init__(serde=serde)
         given = [x for x in (url, storage, store) if x is not None]
@@ -190,6 +228,16 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
         self._lock = threading.Lock()
         self._last: dict[tuple[str, str], tuple[str, dict[str, Ref]]] = {}
         self._run_markers: set[tuple[str, str, str]] = set()
+        if not (isinstance(busy_timeout, int | float) and busy_timeout >= 0):
+            raise ConfigError(f"busy_timeout must be a number of seconds >= 0, got {busy_timeout!r}")
+        self.busy_timeout = float(busy_timeout)
+        self.leases: ThreadLeases | None = None
+        self._wrote: set[str] = set()
+        caps = storage.capabilities
+        if exclusive and caps.shared and caps.exclusive_create and caps.conditional_put:
+            self.leases = leases_for(storage, lease_ttl, lease_idle)
+        elif exclusive:
+            logger.debug("%s: not shared between processes, so no thread leases", storage.display_url)
 
     def __repr__(self) -> str:
         return f"CkptfsSaver({self.storage.display_url!r})"
@@ -252,8 +300,10 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
         self._values.put(ck, item)
         return item
 
-    def _writes(self, thread_id: str, ns: str, checkpoint_id: str,
-                keys: list[str] | None = None) -> list[PendingWrite]:
+    def _writes(self, thread_id: str, ns: str, checkpoint_id: str, keys: list[str] | None = None,
+                channels: set[str] | None = None) -> list[PendingWrite]:
+        """A checkpoint's pending writes in `writes_sort_key` order (only `channels`', if given:
+        the others are not deserialized)."""
         if keys is None:
             keys = self.storage.list(lg_writes_prefix(thread_id, ns, checkpoint_id))
         found: dict[tuple[str, int], tuple[str, str, str, int, Any]] = {}
@@ -268,6 +318,8 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
             for idx, channel, typ, n in head["items"]:
                 value = obj.raw[offset : offset + n]
                 offset += n
+                if channels is not None and channel not in channels:
+                    continue
                 found.setdefault((task_id, idx), (task_path, task_id, channel, idx, (typ, value)))
         ordered = sorted(found.values(), key=lambda w: writes_sort_key(w[0], w[1], w[3]))
         return [(tid, ch, self.serde.loads_typed(val)) for _, tid, ch, _, val in ordered]
@@ -323,6 +375,19 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
     # ------------------------------------------------------------------------------ reads
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        found = self._get_tuple(config)
+        self._after_read(config, found)
+        return found
+
+    def _after_read(self, config: RunnableConfig, found: CheckpointTuple | None) -> None:
+        """A run starts from what it read: the version type its new channels get, and (root
+        namespace) this process may write the thread again after another did."""
+        remember_kind(kind_of(found.checkpoint["channel_versions"].values()) if found else None)
+        conf = config.get("configurable") or {}
+        if self.leases is not None and not conf.get("checkpoint_ns"):
+            self.leases.reread(str(conf["thread_id"]))
+
+    def _get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         thread_id, ns, checkpoint_id = self._ids(config)
         for _ in range(3):  # a concurrent prune can remove the newest between list and get
             if checkpoint_id is None:
@@ -396,6 +461,73 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
                 if remaining <= 0:
                     return
 
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """DeltaChannel's history (langgraph-checkpoint 4.1+): per channel, the writes of the
+        target's ancestors, oldest first, back to the nearest ancestor that stores the channel
+        (its value is the `seed`, its own writes included, as InMemorySaver does).
+
+        One walk up the parent chain for all channels, reading each ancestor's object once:
+        only its header (parent, which channels it stores) unless it is a seed, and only the
+        requested channels' writes, found through one listing of the namespace's writes;
+        LangGraph's default walk calls `get_tuple` per ancestor instead (every channel value
+        rebuilt and a listing each).
+        """
+        if not channels:
+            return {}
+        thread_id, ns, checkpoint_id = self._ids(config)
+        prefix = lg_ns_prefix(thread_id, ns)
+        wanted = {str(c) for c in channels}
+        collected: dict[str, list[PendingWrite]] = {c: [] for c in wanted}
+        seeds: dict[str, Any] = {}
+        cursor: str | None = None
+        if checkpoint_id is None:
+            keys = self.storage.list(prefix + _CKPT)
+            checkpoint_id = lg_decode(keys[-1].rsplit("/", 1)[1]) if keys else None
+        if checkpoint_id is not None:
+            try:
+                cursor = self._read(lg_checkpoint_key(thread_id, ns, checkpoint_id)).header.get("parent")
+            except FileNotFoundError:
+                cursor = None
+        writes_of = self._writes_by_checkpoint(prefix) if cursor is not None else {}
+        seen: dict[str, _Loaded] = {}
+        remaining = set(wanted)
+        while cursor is not None and remaining:
+            try:
+                loaded = self._read(lg_checkpoint_key(thread_id, ns, cursor))
+            except FileNotFoundError:
+                break  # the chain ends here (pruned, or a fork's missing parent), as get_tuple's would
+            seen[cursor] = loaded
+            refs = loaded.header.get("refs") or {}
+            found: dict[str, Any] = {}
+            for ch in remaining:
+                holder = (refs.get(ch) or [None])[0]
+                if holder is not None:
+                    typ, raw, _ = self._channel(thread_id, ns, str(holder), ch, seen)
+                    found[ch] = self.serde.loads_typed((typ, raw))
+            wkeys = writes_of.get(lg_encode(cursor))
+            if wkeys:
+                for write in reversed(self._writes(thread_id, ns, cursor, wkeys, remaining)):
+                    collected[write[1]].append(write)
+            seeds.update(found)
+            remaining -= found.keys()
+            parent = loaded.header.get("parent")
+            cursor = str(parent) if parent is not None else None
+        result: dict[str, DeltaChannelHistory] = {}
+        for ch in channels:
+            entry = cast("DeltaChannelHistory", {"writes": list(reversed(collected[str(ch)]))})
+            if str(ch) in seeds:
+                entry["seed"] = seeds[str(ch)]
+            result[ch] = entry
+        return result
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        return await asyncio.to_thread(
+            lambda: self.get_delta_channel_history(config=config, channels=channels))
+
     # ----------------------------------------------------------------------------- writes
 
     def put(
@@ -408,6 +540,7 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
         thread_id, ns, parent = self._ids(config)
         checkpoint_id = str(checkpoint["id"])
         key = lg_checkpoint_key(thread_id, ns, checkpoint_id)
+        self._own(thread_id)
         c: dict[str, Any] = dict(checkpoint)
         values: dict[str, Any] = c.pop("channel_values", None) or {}
         versions: ChannelVersions = c.get("channel_versions") or {}
@@ -485,36 +618,45 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
     ) -> None:
         """Regular writes of one call go in one object (first call per task wins, as in LangGraph's
         savers); special writes (error, interrupt, resume, scheduled) replace earlier ones."""
+        items: _SerializedWrites = []
+        for idx, (channel, value) in enumerate(writes):
+            typ, raw = self.serde.dumps_typed(value)
+            items.append((WRITES_IDX_MAP.get(channel, idx), channel, typ, raw))
+        self.put_serialized_writes(config, str(task_id), task_path, items)
+
+    def put_serialized_writes(self, config: RunnableConfig, task_id: str, task_path: str,
+                              items: Sequence[tuple[int, str, str, bytes]]) -> None:
+        """`put_writes` of values already serialized by LangGraph's serde, with their slots:
+        (idx, channel, serde type, bytes), idx < 0 for the special channels (WRITES_IDX_MAP).
+
+        For importers (`ckptfs import-langgraph`): a source saver's rows keep their exact idx,
+        task path and bytes, so the replay order of a super-step's writes is the source's.
+        """
         thread_id, ns, checkpoint_id = self._ids(config)
         if checkpoint_id is None:
             raise ValueError("put_writes needs config['configurable']['checkpoint_id']")
-        regular: _WriteItems = []
-        special: _WriteItems = []
-        for idx, (channel, value) in enumerate(writes):
-            slot = WRITES_IDX_MAP.get(channel, idx)
-            (special if slot < 0 else regular).append((slot, channel, value))
+        self._own(thread_id)
+        regular = sorted((i for i in items if i[0] >= 0), key=lambda i: i[0])
+        special = [i for i in items if i[0] < 0]
         if regular:
-            key = lg_write_key(thread_id, ns, checkpoint_id, str(task_id), f"r{regular[0][0]:06d}")
+            key = lg_write_key(thread_id, ns, checkpoint_id, task_id, lg_write_slot(regular[0][0]))
             with contextlib.suppress(FileExistsError):
-                self.storage.put_if_absent(key, self._pack_writes(str(task_id), task_path, regular))
+                self.storage.put_if_absent(key, self._pack_writes(task_id, task_path, regular))
         for item in special:
-            key = lg_write_key(thread_id, ns, checkpoint_id, str(task_id), f"s{-item[0]:02d}")
-            self.storage.put(key, self._pack_writes(str(task_id), task_path, [item]))
+            key = lg_write_key(thread_id, ns, checkpoint_id, task_id, lg_write_slot(item[0]))
+            self.storage.put(key, self._pack_writes(task_id, task_path, [item]))
 
-    def _pack_writes(self, task_id: str, task_path: str, items: _WriteItems) -> bytes:
-        meta: Any = []
-        blobs: Any = []
-        for idx, channel, value in items:
-            typ, raw = self.serde.dumps_typed(value)
-            meta.append([idx, channel, typ, len(raw)])
-            blobs.append(raw)
+    @staticmethod
+    def _pack_writes(task_id: str, task_path: str, items: Sequence[tuple[int, str, str, bytes]]) -> bytes:
+        meta: Any = [[idx, channel, typ, len(raw)] for idx, channel, typ, raw in items]
         return fmt.pack({"kind": "writes", "task": task_id, "path": task_path, "items": meta},
-                        b"".join(blobs), [])
+                        b"".join(raw for *_, raw in items), [])
 
     # --------------------------------------------------------------------------- deletion
 
     def delete_thread(self, thread_id: str) -> None:
         thread_id = str(thread_id)
+        self._own(thread_id, fresh=True)
         keys = self.storage.list(lg_thread_prefix(thread_id))
         # newest checkpoints first: whatever survives a crash midway still reads back whole
         ckpts = sorted((k for k in keys if f"/{_CKPT}" in k), key=lambda k: k.rsplit("/", 1)[1],
@@ -556,13 +698,15 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
         if not remove:
             return 0
         keep = set(loaded) - remove
-        # DeltaChannel (beta) rebuilds from ancestors' writes: keep their whole parent chain
-        for cid in list(keep):
-            if loaded[cid].header.get("delta_channels"):
-                parent = loaded[cid].header.get("parent")
-                while parent in loaded and parent not in keep:
-                    keep.add(parent)
-                    parent = loaded[parent].header.get("parent")
+        # DeltaChannel rebuilds a value from its ancestors' writes back to the nearest one that
+        # stores it (a snapshot): a survivor keeps that stretch of its chain, and so does every
+        # ancestor kept that way, for any survivor can be read (history, time travel)
+        work = sorted(keep)
+        while work:
+            for ancestor in self._delta_ancestors(loaded, work.pop()):
+                if ancestor not in keep:
+                    keep.add(ancestor)
+                    work.append(ancestor)
         remove -= keep
         if not remove:
             return 0
@@ -595,6 +739,27 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
         self._forget(thread_id, ns)
         return len(remove)
 
+    def _delta_ancestors(self, loaded: Mapping[str, _Loaded], cid: str) -> _Strs:
+        """The ancestors a checkpoint's delta channels rebuild from: up to the nearest that
+        stores each channel whose value the checkpoint itself does not store."""
+        head = loaded[cid].header
+        if not head.get("delta_channels"):
+            return []
+        counters = self._metadata(loaded[cid]).get("counters_since_delta_snapshot")
+        refs = head.get("refs") or {}
+        # without the channels' names (a metadata LangGraph may rename): the whole chain
+        pending: set[str] | None = None if not isinstance(counters, dict) else {
+            str(ch) for ch in counters if (refs.get(ch) or [None])[0] is None}
+        out: _Strs = []
+        parent = head.get("parent")
+        while isinstance(parent, str) and parent in loaded and (pending is None or pending):
+            out.append(parent)
+            if pending is not None:
+                prefs = loaded[parent].header.get("refs") or {}
+                pending = {ch for ch in pending if (prefs.get(ch) or [None])[0] is None}
+            parent = loaded[parent].header.get("parent")
+        return out
+
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         for run_id in run_ids:
             rp = lg_run_prefix(str(run_id))
@@ -604,6 +769,7 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
                 except FileNotFoundError:
                     continue
                 thread_id, ns = str(info["thread_id"]), str(info["checkpoint_ns"])
+                self._own(thread_id, fresh=True)
                 self._remove(thread_id, lg_ns_prefix(thread_id, ns), _of_run(str(run_id)))
                 self.storage.delete(marker)
             with self._lock:
@@ -629,6 +795,7 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"keep_last must be an integer >= 1 (use strategy='delete'), got {keep_last!r}")
         for thread_id in thread_ids:
+            self._own(str(thread_id), fresh=True)
             for prefix in self._namespaces(str(thread_id)):
                 self._remove(str(thread_id), prefix, lambda items: {
                     str(i.header["id"]) for i in items[:-n]})
@@ -636,6 +803,7 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every object byte for byte (they never name their thread); existing ones stay."""
         src, dst = lg_thread_prefix(str(source_thread_id)), lg_thread_prefix(str(target_thread_id))
+        self._own(str(target_thread_id), fresh=True)
         keys = self.storage.list(src)
 
         def order(key: str) -> tuple[int, str]:
@@ -657,7 +825,9 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
     # ------------------------------------------------------------------------------ async
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return await asyncio.to_thread(self.get_tuple, config)
+        found = await asyncio.to_thread(self._get_tuple, config)
+        self._after_read(config, found)  # here: the caller's context, not the worker thread's
+        return found
 
     async def alist(
         self,
@@ -711,5 +881,42 @@ class CkptfsSaver(BaseCheckpointSaver[int]):
     ) -> None:
         await asyncio.to_thread(self.prune, thread_ids, strategy=strategy, keep_last=keep_last)
 
+    # ------------------------------------------------------------- versions and ownership
+
+    def get_next_version(self, current: Any, channel: None) -> Any:
+        """The next version of a channel, in the type its thread uses (`versions.py`): ints for
+        threads this saver started, strings for threads InMemorySaver, SqliteSaver or
+        PostgresSaver started (migrated in), floats for floats."""
+        return next_version(current)
+
+    def _own(self, thread_id: str, fresh: bool = False) -> None:
+        if self.leases is None:
+            return
+        self.leases.ensure(thread_id, wait=self.busy_timeout, fresh=fresh)
+        with self._lock:
+            self._wrote.add(thread_id)
+            if len(self._wrote) > _MAX_WROTE:  # a long-lived saver: keep only what is still held
+                self._wrote &= set(self.leases.holding())
+
+    def release(self, thread_id: str | None = None) -> None:
+        """Give a thread (default: every thread this saver wrote) back now, so another process
+        may write it at once rather than after `lease_idle` seconds. Savers of one process share
+        their leases: another saver of this process still writing the thread takes it again."""
+        if self.leases is None:
+            return
+        with self._lock:
+            threads = sorted(self._wrote) if thread_id is None else [str(thread_id)]
+            self._wrote.difference_update(threads)
+        for tid in threads:
+            self.leases.release(tid)
+
+    def __enter__(self) -> CkptfsSaver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
+        """Release this process's threads on the store and close cached handles."""
+        self.release()
         self.storage.close()

@@ -1,0 +1,78 @@
+"""`ckptfs import-langgraph SOURCE URL`: threads from a SqliteSaver or PostgresSaver into ckptfs.
+
+SOURCE is a SqliteSaver file (`sqlite:///relative/path`, `sqlite:////absolute/path`, or a path
+ending .sqlite/.sqlite3/.db), opened read-only, or a PostgresSaver DSN (`postgresql://...`,
+its password scrubbed from every message). URL is the ckptfs store, addressed as every command
+addresses it. Rerunnable: what is already in the store is skipped. Needs the langgraph extra
+(and langgraph-checkpoint-sqlite / -postgres for the source).
+
+Exit codes: 0 every thread copied; 1 some thread could not be (another process writes it in
+the store: `ThreadBusyError`); 2 usage error, a SOURCE that is not a saver's, an unreachable store.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+from urllib.parse import urlsplit
+
+from ckptfs.cli._common import EXIT_OK, EXIT_PROBLEMS, CliError, emit_json, err, out, warn
+from ckptfs.cli._logging import SCRUBBER
+from ckptfs.cli._options import add_json_arg, add_store_args, store_target
+
+
+def register(sub: Any) -> None:
+    """Add import-langgraph to the `ckptfs` parser."""
+    p = sub.add_parser(
+        "import-langgraph", help="copy every thread of a SqliteSaver / PostgresSaver into a store",
+        description="Copy every LangGraph thread (history, metadata, pending writes) of a SqliteSaver "
+                    "file or a PostgresSaver database into a ckptfs store, where CkptfsSaver resumes "
+                    "them. Rerunnable: checkpoints already in the store are skipped.")
+    p.add_argument("source", metavar="SOURCE",
+                   help="sqlite:///path (or a .sqlite/.db path), or postgresql://user:pass@host/db")
+    add_store_args(p)
+    p.add_argument("--thread", dest="threads", action="append", metavar="ID",
+                   help="import only this thread (repeatable)")
+    add_json_arg(p)
+    p.set_defaults(handler=cmd_import_langgraph)
+
+
+def cmd_import_langgraph(args: argparse.Namespace) -> int:
+    password = urlsplit(args.source).password
+    if password:
+        SCRUBBER.add([password])
+    try:
+        from ckptfs.integrations.langgraph import CkptfsSaver
+        from ckptfs.integrations.langgraph.importer import import_threads, open_source
+    except ImportError as exc:
+        raise CliError(f"import-langgraph needs LangGraph: pip install 'ckptfs[langgraph]' ({exc})") from None
+    target = store_target(args)
+    if not target.url:
+        raise CliError("no store URL: give URL, --config with store.url, or $CKPTFS_URL")
+    try:
+        source = open_source(args.source)
+    except ImportError as exc:
+        raise CliError(f"reading {args.source.split(':', 1)[0]} needs its LangGraph saver package "
+                       f"(langgraph-checkpoint-sqlite / langgraph-checkpoint-postgres): {exc}") from None
+    try:
+        with CkptfsSaver(target.url, target.options) as dest:
+            if args.json or not err().is_terminal:
+                report = import_threads(source, dest, args.threads)
+            else:
+                with err().status("importing") as status:
+                    def tick(thread_id: str, copied: int) -> None:
+                        status.update(f"importing: {copied} checkpoint(s), last thread {thread_id[:40]}")
+
+                    report = import_threads(source, dest, args.threads, tick)
+    finally:
+        source.close()
+    if args.json:
+        emit_json({"command": "import-langgraph", "url": target.describe(), **report.to_dict()})
+    else:
+        for thread_id, why in sorted(report.failed.items()):
+            warn(f"thread {thread_id!r} not imported: {why}")
+        out().print(f"{'[green]imported[/green]' if report.ok else '[red]incomplete[/red]'}: "
+                    f"{report.threads} thread(s) from {report.source}: {report.checkpoints} checkpoint(s) "
+                    f"copied, {report.skipped} already there, {report.writes} pending-write object(s) "
+                    f"-> {target.describe()}")
+    return EXIT_OK if report.ok else EXIT_PROBLEMS

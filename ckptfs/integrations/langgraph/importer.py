@@ -1,0 +1,260 @@
+"""Threads migrated in from another LangGraph saver: what `ckptfs import-langgraph` runs.
+
+Every thread of a SqliteSaver file or a PostgresSaver database is copied into a ckptfs store
+(CkptfsSaver's layout): every checkpoint of every namespace, with its metadata, its parent
+link and its pending writes, so a graph compiled with CkptfsSaver resumes where the old saver
+left it (an interrupt waits on its resume, time travel finds the old checkpoints).
+
+* Checkpoints are read through the source's own saver (`list`), so its storage format and its
+  migrations of old rows are its business; their channel versions are strings, which CkptfsSaver
+  continues (`versions.py`).
+* Pending writes are read as rows (task id, task path, idx, channel, serde type, bytes) and
+  stored byte for byte: a saver's `pending_writes` drops the idx and task path that fix the
+  order DeltaChannel replays a super-step's writes in. A saver that is neither (any other
+  `BaseCheckpointSaver`) is copied through `pending_writes`, in the order it gives them.
+* Oldest first per namespace, each checkpoint's writes before the checkpoint itself, and a
+  checkpoint already in the store is skipped (its missing write objects are added): a rerun
+  after a crash or an interruption converges, and an import of a grown source adds the rest.
+* Each thread is written under its lease (one writer per thread) and given back at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sqlite3
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from langgraph.checkpoint.base import WRITES_IDX_MAP, BaseCheckpointSaver, CheckpointTuple
+
+from ckptfs.errors import ConfigError
+from ckptfs.integrations.langgraph.keys import (
+    lg_checkpoint_key,
+    lg_write_key,
+    lg_write_slot,
+    lg_writes_prefix,
+)
+from ckptfs.integrations.langgraph.ownership import ThreadBusyError
+from ckptfs.integrations.langgraph.saver import CkptfsSaver
+from ckptfs.storage.redact import redact_url
+
+logger = logging.getLogger(__name__)
+
+Row = tuple[str, str, int, str, str, bytes]  # task id, task path, idx, channel, serde type, bytes
+SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+
+
+@dataclass
+class ImportReport:
+    """What one import did, per thread and in total; `ok` unless a thread could not be copied."""
+
+    source: str
+    threads: int = 0
+    checkpoints: int = 0  # copied now
+    skipped: int = 0  # already in the store
+    writes: int = 0  # pending-write objects copied now
+    failed: dict[str, str] = field(default_factory=dict)  # thread -> why
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "ok": self.ok, "threads": self.threads,
+                "checkpoints": self.checkpoints, "skipped": self.skipped, "writes": self.writes,
+                "failed": dict(self.failed)}
+
+
+class Source:
+    """A saver to copy from: its threads, its checkpoints (through the saver), its write rows."""
+
+    def __init__(self, saver: BaseCheckpointSaver[Any], display: str) -> None:
+        self.saver = saver
+        self.display = display
+
+    def thread_ids(self) -> list[str]:
+        """Every thread id; this generic one reads every checkpoint once to find them."""
+        return sorted({str(t.config["configurable"]["thread_id"]) for t in self.saver.list(None)})
+
+    def rows(self, thread_id: str, ns: str, checkpoint_id: str) -> list[Row] | None:
+        """The checkpoint's pending writes as stored, or None: use the tuple's pending_writes."""
+        return None
+
+    def close(self) -> None:
+        """Close what the source opened (connections)."""
+
+
+class SqliteSource(Source):
+    """A SqliteSaver file, opened read-only: importing never changes (or creates) it."""
+
+    def __init__(self, path: str) -> None:
+        from langgraph.checkpoint.sqlite import SqliteSaver
+
+        if not Path(path).is_file():
+            raise ConfigError(f"no SQLite file at {path}")
+        self.conn = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True, check_same_thread=False)
+        tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if not {"checkpoints", "writes"} <= tables:
+            self.conn.close()
+            raise ConfigError(f"{path} is not a SqliteSaver database (no checkpoints/writes tables)")
+        self.has_path = any(r[1] == "task_path" for r in self.conn.execute("PRAGMA table_info(writes)"))
+        super().__init__(SqliteSaver(self.conn), path)
+
+    def thread_ids(self) -> list[str]:
+        return [str(r[0]) for r in self.conn.execute(
+            "SELECT DISTINCT thread_id FROM checkpoints ORDER BY thread_id")]
+
+    def rows(self, thread_id: str, ns: str, checkpoint_id: str) -> list[Row] | None:
+        path = "task_path" if self.has_path else "''"
+        cur = self.conn.execute(
+            f"SELECT task_id, {path}, idx, channel, type, value FROM writes WHERE thread_id = ? "
+            "AND checkpoint_ns = ? AND checkpoint_id = ?", (thread_id, ns, checkpoint_id))
+        return [(str(t), str(p or ""), int(i), str(c), str(ty), bytes(v or b"")) for t, p, i, c, ty, v in cur]
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class PostgresSource(Source):
+    """A PostgresSaver database, by DSN (postgresql://user:password@host:port/db)."""
+
+    def __init__(self, dsn: str) -> None:
+        import psycopg
+        from langgraph.checkpoint.postgres import PostgresSaver
+        from psycopg.rows import dict_row
+
+        try:
+            self.conn: Any = psycopg.connect(dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row)
+        except psycopg.OperationalError as exc:
+            raise ConfigError(f"cannot connect to {redact_url(dsn)}: {str(exc).strip()}") from None
+        cols = {r["column_name"] for r in self.conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = 'checkpoint_writes'")}
+        if not cols:
+            self.conn.close()
+            raise ConfigError(f"{redact_url(dsn)} holds no PostgresSaver tables (checkpoint_writes)")
+        self.has_path = "task_path" in cols
+        super().__init__(PostgresSaver(self.conn), redact_url(dsn))
+
+    def thread_ids(self) -> list[str]:
+        return [str(r["thread_id"]) for r in self.conn.execute(
+            "SELECT DISTINCT thread_id FROM checkpoints ORDER BY thread_id")]
+
+    def rows(self, thread_id: str, ns: str, checkpoint_id: str) -> list[Row] | None:
+        path = "task_path" if self.has_path else "'' AS task_path"
+        cur = self.conn.execute(
+            f"SELECT task_id, {path}, idx, channel, type, blob FROM checkpoint_writes WHERE "
+            "thread_id = %s AND checkpoint_ns = %s AND checkpoint_id = %s", (thread_id, ns, checkpoint_id))
+        return [(str(r["task_id"]), str(r["task_path"] or ""), int(r["idx"]), str(r["channel"]),
+                 str(r["type"]), bytes(r["blob"] or b"")) for r in cur]
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def sqlite_path(spec: str) -> str | None:
+    """The file a SOURCE names, if it names a SQLite file: `sqlite:///relative/path`,
+    `sqlite:////absolute/path` (SQLAlchemy's spelling) or a path ending .sqlite/.sqlite3/.db."""
+    if spec.startswith("sqlite:///"):
+        return spec[len("sqlite:///"):]
+    if spec.startswith("sqlite:"):
+        raise ConfigError(f"{spec!r}: write sqlite:///relative/path or sqlite:////absolute/path")
+    if spec.lower().endswith(SQLITE_SUFFIXES):
+        return spec
+    return None
+
+
+def open_source(spec: str) -> Source:
+    """The saver SOURCE names: a SQLite file or a PostgreSQL DSN."""
+    if spec.startswith(("postgresql://", "postgres://")):
+        return PostgresSource(spec)
+    path = sqlite_path(spec)
+    if path is not None:
+        return SqliteSource(path)
+    raise ConfigError(f"{redact_url(spec)}: not a source this command knows; give a SqliteSaver file "
+                      "(sqlite:///path, or a .sqlite/.db path) or a PostgresSaver DSN (postgresql://...)")
+
+
+def import_threads(source: Source, dest: CkptfsSaver, thread_ids: Sequence[str] | None = None,
+                   progress: Callable[[str, int], None] | None = None) -> ImportReport:
+    """Copy the threads (default: all) of `source` into `dest`; see the module docstring."""
+    report = ImportReport(source.display)
+    for thread_id in thread_ids if thread_ids is not None else source.thread_ids():
+        report.threads += 1
+        try:
+            _import_thread(source, dest, thread_id, report)
+        except ThreadBusyError as exc:
+            report.failed[thread_id] = str(exc)
+            logger.warning("%s", exc)
+        finally:
+            dest.release(thread_id)
+        if progress is not None:
+            progress(thread_id, report.checkpoints)
+    return report
+
+
+def _by_namespace(tuples: Iterator[CheckpointTuple]) -> dict[str, list[CheckpointTuple]]:
+    spaces: dict[str, list[CheckpointTuple]] = defaultdict(list)
+    for tup in tuples:
+        spaces[str(tup.config["configurable"].get("checkpoint_ns") or "")].append(tup)
+    for items in spaces.values():
+        items.sort(key=lambda t: str(t.config["configurable"]["checkpoint_id"]))  # oldest first
+    return spaces
+
+
+def _import_thread(source: Source, dest: CkptfsSaver, thread_id: str, report: ImportReport) -> None:
+    spaces = _by_namespace(source.saver.list({"configurable": {"thread_id": thread_id}}))
+    for ns, tuples in sorted(spaces.items()):
+        present = set(dest.storage.list(lg_writes_prefix(thread_id, ns)))
+        versions: dict[str, dict[str, Any]] = {}
+        for tup in tuples:
+            cid = str(tup.config["configurable"]["checkpoint_id"])
+            cfg: Any = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": cid}}
+            report.writes += _copy_writes(source, dest, tup, cfg, present)
+            versions[cid] = dict(tup.checkpoint.get("channel_versions") or {})
+            if dest.storage.exists(lg_checkpoint_key(thread_id, ns, cid)):
+                report.skipped += 1
+                continue
+            parent = (tup.parent_config or {}).get("configurable", {}).get("checkpoint_id")
+            parent_cfg: Any = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns}}
+            if parent is not None:
+                parent_cfg["configurable"]["checkpoint_id"] = str(parent)
+            before = versions.get(str(parent), {}) if parent is not None else {}
+            new_versions = {ch: v for ch, v in versions[cid].items() if before.get(ch) != v}
+            dest.put(parent_cfg, tup.checkpoint, tup.metadata, new_versions)
+            report.checkpoints += 1
+
+
+def _copy_writes(source: Source, dest: CkptfsSaver, tup: CheckpointTuple, cfg: Any,
+                 present: set[str]) -> int:
+    """The checkpoint's pending-write objects the store lacks, written before the checkpoint."""
+    conf = cfg["configurable"]
+    rows = source.rows(conf["thread_id"], conf["checkpoint_ns"], conf["checkpoint_id"])
+    if rows is None:  # a generic saver: its pending_writes, idx by position within each task
+        rows = []
+        position: defaultdict[str, int] = defaultdict(int)
+        for task_id, channel, value in tup.pending_writes or []:
+            idx = WRITES_IDX_MAP.get(channel, position[task_id])
+            position[task_id] += 1
+            typ, raw = dest.serde.dumps_typed(value)
+            rows.append((str(task_id), "", idx, str(channel), typ, raw))
+    groups: dict[tuple[str, str], list[tuple[int, str, str, bytes]]] = defaultdict(list)
+    for task_id, task_path, idx, channel, typ, raw in rows:
+        groups[(task_id, task_path)].append((idx, channel, typ, raw))
+    copied = 0
+    for (task_id, task_path), items in sorted(groups.items()):
+        regular = sorted(i for i in items if i[0] >= 0)
+        wanted = [[i] for i in items if i[0] < 0] + ([regular] if regular else [])
+        for part in wanted:
+            key = lg_write_key(conf["thread_id"], conf["checkpoint_ns"], conf["checkpoint_id"], task_id,
+                               lg_write_slot(min(i[0] for i in part)))
+            if key in present:
+                continue
+            with contextlib.suppress(FileExistsError):
+                dest.put_serialized_writes(cfg, task_id, task_path, part)
+            present.add(key)
+            copied += 1
+    return copied

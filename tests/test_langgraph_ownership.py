@@ -1,0 +1,287 @@
+"""One writer per thread, with real processes on local disk and on S3 over HTTP (moto).
+
+A child process holds a thread; this process is the second writer. Busy: a clear
+ThreadBusyError naming thread and holder, nothing written. Waiting: the write goes through
+once the holder lets go. Crashed holder (SIGKILL): taken over after the ttl. Stalled holder
+(SIGSTOP): taken over; when it wakes its next write is refused, so the history never forks.
+Idle: a holder gives the thread back by itself, and writes again only after reading it again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langgraph.checkpoint.base.id import uuid6
+
+from ckptfs.integrations.langgraph import CkptfsSaver
+from ckptfs.integrations.langgraph.ownership import ThreadBusyError, ThreadLeases, read_thread_lease
+from ckptfs.storage.registry import open_storage
+
+TTL = 2.0  # short for the tests; renewals every ttl/4
+ROOT = Path(__file__).resolve().parent.parent
+
+_CHILD = """
+import json, sys
+from langgraph.checkpoint.base.id import uuid6
+from ckptfs.integrations.langgraph import CkptfsSaver
+from ckptfs.integrations.langgraph.ownership import ThreadBusyError
+url, opts, ttl, idle = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+saver = CkptfsSaver(url, opts, lease_ttl=ttl, lease_idle=idle)
+base = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+cfg, n = base, 0
+print("holder", saver.leases.holder, flush=True)
+for line in sys.stdin:
+    cmd = line.split()
+    try:
+        if cmd[0] == "put":
+            n += 1
+            cp = {"v": 4, "id": str(uuid6(clock_seq=n)), "ts": "2026-01-01T00:00:00+00:00",
+                  "channel_values": {"log": [cmd[1]]}, "channel_versions": {"log": 1000 + n},
+                  "versions_seen": {}}
+            cfg = saver.put(cfg, cp, {"source": "loop", "step": n, "by": cmd[1]}, {"log": 1000 + n})
+        elif cmd[0] == "read":
+            tup = saver.get_tuple(base)
+            cfg = tup.config if tup is not None else base
+        elif cmd[0] == "release":
+            saver.release()
+        print("ok", flush=True)
+    except ThreadBusyError as exc:
+        info = {"holder": exc.holder, "thread": exc.thread_id, "msg": str(exc)}
+        print("busy", json.dumps(info), flush=True)
+"""
+
+
+class Child:
+    """A second process writing thread "t" through its own CkptfsSaver, driven line by line."""
+
+    def __init__(self, url: str, opts: dict[str, Any], ttl: float = TTL, idle: float = 60.0) -> None:
+        argv = [sys.executable, "-c", _CHILD, url, json.dumps(opts), str(ttl), str(idle)]
+        self.proc = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        first = self._line()
+        assert first.startswith("holder "), first
+        self.holder = first.split(" ", 1)[1]
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline().rstrip("\n")
+
+    def do(self, cmd: str) -> str:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+        return self._line()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def child_factory() -> Any:
+    made: list[Child] = []
+
+    def make(*args: Any, **kwargs: Any) -> Child:
+        made.append(Child(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.close()
+
+
+def _put(saver: CkptfsSaver, cfg: Any, by: str, step: int) -> Any:
+    cp: Any = {"v": 4, "id": str(uuid6(clock_seq=step)), "ts": "2026-01-01T00:00:00+00:00",
+               "channel_values": {"log": [by]}, "channel_versions": {"log": step}, "versions_seen": {}}
+    return saver.put(cfg, cp, {"source": "loop", "step": step, "by": by}, {"log": step})
+
+
+def _history(url: str, opts: dict[str, Any]) -> list[Any]:
+    return list(CkptfsSaver(url, opts, exclusive=False).list({"configurable": {"thread_id": "t"}}))
+
+
+def _no_fork(history: list[Any]) -> None:
+    parents = Counter(h.parent_config["configurable"]["checkpoint_id"] for h in history if h.parent_config)
+    assert all(n == 1 for n in parents.values()), f"forked history: {parents}"
+
+
+BASE: Any = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+
+
+def test_a_second_process_gets_thread_busy_naming_thread_and_holder(
+        shared_url: tuple[str, dict[str, Any]], child_factory: Any) -> None:
+    url, opts = shared_url
+    holder = child_factory(url, opts)
+    assert holder.do("put first") == "ok" and holder.do("put second") == "ok"
+    saver = CkptfsSaver(url, opts, lease_ttl=TTL)
+    t0 = time.monotonic()
+    with pytest.raises(ThreadBusyError) as err:
+        _put(saver, saver.get_tuple(BASE).config, "intruder", 99)  # type: ignore[union-attr]
+    took = time.monotonic() - t0
+    assert err.value.thread_id == "t" and err.value.holder == holder.holder
+    assert "'t'" in str(err.value) and holder.holder in str(err.value)
+    assert took < TTL, f"proving the holder alive took {took:.2f}s"  # one renewal: ttl/4
+    # a real graph run on the busy thread fails the same way, before writing anything
+    from test_langgraph_versions import build
+    with pytest.raises(ThreadBusyError):
+        build(saver).invoke({"log": [], "approved": False}, {"configurable": {"thread_id": "t"}})
+    history = _history(url, opts)
+    assert [h.metadata["by"] for h in history] == ["second", "first"]
+    # the holder is undisturbed
+    assert holder.do("put third") == "ok"
+    lease = read_thread_lease(open_storage(url, opts), "t")
+    assert lease is not None and lease.holder == holder.holder and lease.generation == 1
+
+
+def test_a_waiting_writer_goes_on_once_the_holder_lets_go(
+        shared_url: tuple[str, dict[str, Any]], child_factory: Any) -> None:
+    url, opts = shared_url
+    holder = child_factory(url, opts)
+    assert holder.do("put first") == "ok"
+    saver = CkptfsSaver(url, opts, lease_ttl=TTL, busy_timeout=30)
+    threading.Timer(1.5, lambda: holder.do("release")).start()
+    t0 = time.monotonic()
+    tup = saver.get_tuple(BASE)
+    assert tup is not None
+    _put(saver, tup.config, "waiter", 50)
+    waited = time.monotonic() - t0
+    assert 1.2 < waited < 10, waited
+    assert [h.metadata["by"] for h in _history(url, opts)] == ["waiter", "first"]
+    lease = read_thread_lease(open_storage(url, opts), "t")
+    assert lease is not None and lease.holder == saver.leases.holder and lease.generation == 2  # type: ignore[union-attr]
+    saver.close()
+    lease = read_thread_lease(open_storage(url, opts), "t")
+    assert lease is not None and lease.released
+
+
+def test_a_crashed_holder_is_taken_over_after_the_ttl(
+        shared_url: tuple[str, dict[str, Any]], child_factory: Any) -> None:
+    url, opts = shared_url
+    holder = child_factory(url, opts)
+    assert holder.do("put before-crash") == "ok"
+    holder.proc.send_signal(signal.SIGKILL)
+    holder.proc.wait(timeout=10)
+    saver = CkptfsSaver(url, opts, lease_ttl=TTL)
+    t0 = time.monotonic()
+    tup = saver.get_tuple(BASE)
+    assert tup is not None
+    _put(saver, tup.config, "successor", 50)
+    took = time.monotonic() - t0
+    assert TTL <= took < TTL + 3, took  # observed for a full ttl, then taken over
+    lease = read_thread_lease(open_storage(url, opts), "t")
+    assert lease is not None and lease.generation == 2 and lease.holder == saver.leases.holder  # type: ignore[union-attr]
+    assert [h.metadata["by"] for h in _history(url, opts)] == ["successor", "before-crash"]
+    saver.close()
+
+
+def test_a_stalled_holder_is_refused_when_it_wakes_so_history_never_forks(
+        shared_url: tuple[str, dict[str, Any]], child_factory: Any) -> None:
+    url, opts = shared_url
+    holder = child_factory(url, opts)
+    assert holder.do("put a1") == "ok"
+    os.kill(holder.proc.pid, signal.SIGSTOP)  # a suspended VM: it keeps its in-memory state
+    try:
+        saver = CkptfsSaver(url, opts, lease_ttl=TTL)
+        tup = saver.get_tuple(BASE)
+        assert tup is not None
+        cfg = _put(saver, tup.config, "b1", 50)
+        cfg = _put(saver, cfg, "b2", 51)
+    finally:
+        os.kill(holder.proc.pid, signal.SIGCONT)
+    reply = holder.do("put a2")  # continues from a1: that would fork the thread
+    assert reply.startswith("busy "), reply
+    info = json.loads(reply.split(" ", 1)[1])
+    assert info["thread"] == "t" and info["holder"] == saver.leases.holder  # type: ignore[union-attr]
+    history = _history(url, opts)
+    assert [h.metadata["by"] for h in history] == ["b2", "b1", "a1"]
+    _no_fork(history)
+    # the successor goes on; the old holder, having read the thread again, waits its turn
+    _put(saver, cfg, "b3", 52)
+    saver.close()
+    assert holder.do("read") == "ok" and holder.do("put a3") == "ok"
+    history = _history(url, opts)
+    assert [h.metadata["by"] for h in history][:2] == ["a3", "b3"]
+    _no_fork(history)
+
+
+def test_an_idle_holder_lets_go_and_writes_again_only_after_reading(
+        shared_url: tuple[str, dict[str, Any]], child_factory: Any) -> None:
+    url, opts = shared_url
+    holder = child_factory(url, opts, idle=0.5)
+    assert holder.do("put a1") == "ok"
+    time.sleep(0.5 + TTL / 4 + 1.0)  # idle, then the keeper's next beat gives it back
+    lease = read_thread_lease(open_storage(url, opts), "t")
+    assert lease is not None and lease.released
+    saver = CkptfsSaver(url, opts, lease_ttl=TTL)
+    t0 = time.monotonic()
+    tup = saver.get_tuple(BASE)
+    assert tup is not None
+    _put(saver, tup.config, "b1", 50)
+    assert time.monotonic() - t0 < TTL / 2  # released: no waiting
+    saver.close()
+    # the old holder's next write would extend a1, which is no longer the newest: refused
+    reply = holder.do("put a2")
+    assert reply.startswith("busy ") and "since this process last wrote it" in reply, reply
+    assert holder.do("read") == "ok" and holder.do("put a2") == "ok"
+    history = _history(url, opts)
+    assert [h.metadata["by"] for h in history] == ["a2", "b1", "a1"]
+    _no_fork(history)
+
+
+def test_savers_of_one_process_share_the_thread(tmp_path: Path) -> None:
+    """A new saver in the same process (a retry, another graph) continues the thread."""
+    url = str(tmp_path / "s")
+    one = CkptfsSaver(url, lease_ttl=TTL)
+    cfg = _put(one, BASE, "one", 1)
+    two = CkptfsSaver(url, lease_ttl=TTL)
+    cfg = _put(two, cfg, "two", 2)
+    three = CkptfsSaver(url, lease_ttl=TTL, log=False)  # another spelling of the same store
+    _put(three, cfg, "three", 3)
+    assert [h.metadata["by"] for h in _history(url, {})] == ["three", "two", "one"]
+    assert one.leases is not None and one.leases.holding() == ["t"]
+    one.close()
+    assert one.leases.holding() == []
+
+
+def test_memory_needs_no_lease_and_exclusive_false_takes_none(tmp_path: Path) -> None:
+    assert CkptfsSaver("memory://own-1").leases is None
+    saver = CkptfsSaver(str(tmp_path / "s"), exclusive=False)
+    _put(saver, BASE, "x", 1)
+    assert saver.leases is None and read_thread_lease(open_storage(str(tmp_path / "s")), "t") is None
+
+
+def test_eight_contenders_one_winner(tmp_path: Path) -> None:
+    """Eight managers race to create a thread's lease: exactly one wins, the rest see it busy."""
+    storage = open_storage(str(tmp_path / "s"))
+    managers = [ThreadLeases(storage, ttl=5.0, holder=f"h{i}") for i in range(8)]
+    barrier = threading.Barrier(8)
+    outcome: dict[str, str] = {}
+
+    def contend(m: ThreadLeases) -> None:
+        barrier.wait()
+        try:
+            m.ensure("race")
+            outcome[m.holder] = "won"
+        except ThreadBusyError as exc:
+            outcome[m.holder] = f"busy:{exc.holder}"
+
+    threads = [threading.Thread(target=contend, args=(m,)) for m in managers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    winners = [h for h, o in outcome.items() if o == "won"]
+    assert len(outcome) == 8 and len(winners) == 1
+    assert all(o == f"busy:{winners[0]}" for h, o in outcome.items() if h != winners[0])
+    for m in managers:
+        m.close()
