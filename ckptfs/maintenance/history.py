@@ -17,7 +17,6 @@ with the one chain walk every command shares (`format.reader.plan_load`):
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -25,11 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptfs.errors import CorruptFileError
-from ckptfs.format import codec
-from ckptfs.format.changes import apply_body
 from ckptfs.format.keys import RunFile, parse_run_key, run_prefix
-from ckptfs.format.models import AgentRun, ArtifactRef, ToolCall, validate_id
-from ckptfs.format.reader import REFS_FIELD, RecordCache, RunIndex, decode_run_file, plan_load
+from ckptfs.format.models import AgentRun, ToolCall, validate_id
+from ckptfs.format.reader import decode_run_file
 from ckptfs.storage.base import Storage
 from ckptfs.store.checkpoint_store import CheckpointStore
 from ckptfs.store.compactor import CompactionPolicy
@@ -152,58 +149,15 @@ def load_state(storage: Storage, run_id: str, version: int | None = None, *,
     """
     store = read_only_store(storage)
     try:
-        run = store.load_run(run_id, version, resolve_artifacts=artifacts)
-        if run is None:
+        got = store.load_with_tool_log(run_id, version, resolve_artifacts=artifacts)
+        if got is None:
             return None
+        run, log = got
         info = store.last_load
         loaded = info.version if info is not None else (version or 0)
-        state = RunState(run, loaded, {}, list(info.skipped) if info is not None else [])
-        log = _tool_log(store, storage, run_id, loaded, artifacts)
-        if log is None:
-            state.notes.append(f"the tool log of v{loaded} could not be rebuilt (see ckptfs verify)")
-        else:
-            state.tool_log = log
-        return state
+        return RunState(run, loaded, log, list(info.skipped) if info is not None else [])
     finally:
         store.close()
-
-
-def _tool_log(store: CheckpointStore, storage: Storage, run_id: str, version: int,
-              artifacts: bool) -> dict[str, list[ToolCall]] | None:
-    """The tool log along the chain that ends exactly at `version`."""
-    index = RunIndex.build(run_files(storage, run_id), version)
-    cache = RecordCache(run_id, storage.get)
-
-    def read(rf: RunFile) -> codec.Record | None:
-        try:
-            return cache.read(rf)
-        except CorruptFileError as exc:  # unreadable (a link, no permission): skipped, as the load did
-            cache.fail(rf, exc)
-            return None
-
-    path = plan_load(index, read, run_id=run_id, ceiling=version, exact=True)
-    if path is None:
-        return None
-    state: dict[str, Any] = {"run": None, "steps": {}, "tool_log": {}}
-    for body in path.bodies():
-        apply_body(state, body)
-    out: dict[str, list[ToolCall]] = {}
-    for sid, calls in state["tool_log"].items():
-        parsed = []
-        for raw in calls:
-            doc = dict(raw)
-            refs = doc.pop(REFS_FIELD, None)
-            if artifacts and isinstance(refs, Mapping):
-                for name, ref_doc in refs.items():
-                    ref = ArtifactRef.model_validate(ref_doc)
-                    data = store.read_artifact(ref)
-                    doc[name] = data.decode() if ref.media_type.startswith("text/") else json.loads(data)
-            try:
-                parsed.append(ToolCall.model_validate(doc))
-            except ValueError as exc:
-                logger.warning("run %s: a tool call of step %s does not validate: %s", run_id, sid, exc)
-        out[sid] = parsed
-    return out
 
 
 # ------------------------------------------------------------------------ tokens and cost

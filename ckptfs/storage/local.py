@@ -10,231 +10,29 @@ import logging
 import os
 import stat
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import IO, Any
 
 from ckptfs.errors import StorageUnavailableError, StoreNotWritableError, UnreadableFileError
 from ckptfs.storage.base import TEMP_MARKER, Capabilities, Keys, PreconditionFailed, Storage, check_key
+from ckptfs.storage.fs import (
+    DENIED,
+    DIR_FLAGS,
+    MAX_DEPTH,
+    REFUSED,
+    RENAME_NOREPLACE,
+    RENAMEAT2,
+    LinkRefused,
+    NotRegular,
+    entry_kind,
+    lstat_mode,
+    open_dir_beneath,
+    open_regular,
+    read_bounded,
+)
 
 logger = logging.getLogger(__name__)
 _FLUSH_STEP = 1024 * 1024
-
-
-# ---------------------------------------------------------------------------------- local
-
-
-def _load_renameat2() -> Any:
-    libc_name = ctypes.util.find_library("c")
-    if not libc_name:
-        return None
-    try:
-        libc = ctypes.CDLL(libc_name, use_errno=True)
-        fn = libc.renameat2
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_RENAMEAT2 = _load_renameat2()
-_AT_FDCWD = -100
-_RENAME_NOREPLACE = 1
-
-
-def fsync_dir(d: str, enabled: bool = True) -> None:
-    """Make a directory's entries (a create, rename or unlink in it) durable."""
-    if not enabled:
-        return
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def make_dirs(d: str, fsync: bool = True, *, root: str | None = None) -> None:
-    """Create `d` and missing parents, each made durable by an fsync of its own parent: a file
-    fsync'd inside a directory whose own entry was never synced can vanish in a crash.
-
-    With `root`, `d` must lie inside it and everything below `root` is created and walked with
-    `open_dir_beneath` (no link below the root is followed: `LinkRefused` instead). Without it,
-    the path is taken as the user gave it, links included: that is for a store's root itself.
-    """
-    if root is not None:
-        rel = os.path.relpath(d, root)
-        parts = [] if rel == "." else rel.split(os.sep)
-        if parts and parts[0] == os.pardir:
-            raise ValueError(f"{d!r} is not inside {root!r}")
-        os.close(open_dir_beneath(root, parts, create=True, fsync=fsync))
-        return
-    missing = []
-    cur = d
-    while not os.path.isdir(cur):
-        missing.append(cur)
-        parent = os.path.dirname(cur)
-        if parent == cur:
-            break
-        cur = parent
-    for m in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(m)
-        fsync_dir(os.path.dirname(m), fsync)
-
-
-# ------------------------------------------------------------------- never out of the root
-#
-# Every operation below the store root goes through a directory fd: the root is opened by
-# its path (it may itself be a link: /var/lib/agent -> /data/agent is common and fine), then
-# each key component with openat(O_DIRECTORY | O_NOFOLLOW) from its parent's fd, and the last
-# one with O_NOFOLLOW too. A link anywhere below the root therefore stops the walk instead of
-# leading out of the store, and no check-then-use window lets a link slip in between a check
-# and the open: the kernel refuses the link at the moment of the open.
-
-_ROOT_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-# O_NONBLOCK: a FIFO opens at once instead of waiting forever for a writer (fstat then refuses
-# it); O_NOCTTY: a terminal device never becomes our controlling terminal. Neither changes how
-# a regular file reads.
-READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-_REFUSED = (errno.ELOOP, errno.ENOTDIR)  # what O_NOFOLLOW / O_DIRECTORY say of a link or a file
-_DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
-_MAX_DEPTH = 64  # far deeper than any layout of ours; bounds the fds a hostile tree can cost
-
-
-class LinkRefused(Exception):
-    """A component below the store root is a symbolic link, or not a directory: not followed.
-
-    `where` is that component's path relative to the root, `mode` its lstat mode (None when it
-    could not be told), `reason` a sentence for messages. Not an OSError on purpose, so no
-    `except OSError` written for ordinary failures swallows it; LocalStorage maps it to a domain
-    error (UnreadableFileError for reads, StoreNotWritableError for writes).
-    """
-
-    def __init__(self, where: str, mode: int | None) -> None:
-        self.where = where
-        self.mode = mode
-        self.reason = (f"{where!r} is {entry_kind(mode)}, and links below the store root are "
-                       "never followed" if mode is None or stat.S_ISLNK(mode)
-                       else f"{where!r} is {entry_kind(mode)}, not a directory")
-        super().__init__(self.reason)
-
-
-def entry_kind(mode: int | None) -> str:
-    """What a directory entry is, in words, for messages ("a symbolic link", "a FIFO", ...)."""
-    if mode is None:
-        return "a symbolic link or not a directory"
-    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"),
-                       (stat.S_ISREG, "a regular file")):
-        if test(mode):
-            return name
-    return "a special file"
-
-
-def _lstat_mode(dir_fd: int, name: str) -> int | None:
-    try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
-    except OSError:
-        return None
-
-
-def _open_child_dir(dir_fd: int, name: str, where: str, create: bool, fsync: bool) -> int:
-    """openat(name, O_DIRECTORY|O_NOFOLLOW); with `create`, mkdirat it first if missing (and fsync
-    the parent, so the new entry survives a crash as the file later put in it must)."""
-    for attempt in (0, 1):
-        try:
-            return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-        except FileNotFoundError:
-            if not create or attempt:
-                raise
-        except OSError as exc:
-            if exc.errno in _REFUSED:
-                raise LinkRefused(where, _lstat_mode(dir_fd, name)) from None
-            raise
-        try:
-            os.mkdir(name, 0o777, dir_fd=dir_fd)  # mkdirat never follows a link: EEXIST on one
-        except FileExistsError:
-            pass  # a concurrent creator (fine), or a link, which the open then refuses
-        else:
-            if fsync:
-                os.fsync(dir_fd)
-    raise AssertionError("unreachable")
-
-
-def open_dir_beneath(root: str, parts: Sequence[str], *, create: bool = False,
-                     fsync: bool = True) -> int:
-    """An O_DIRECTORY fd of `root/parts...`, reached one component at a time from an fd of the
-    root, never through a link below it; the caller closes it.
-
-    FileNotFoundError when a component is missing (unless `create`: then it is made, durably),
-    LinkRefused when one is a link or not a directory. The root itself is opened by its path
-    (created with `make_dirs` when missing and `create`): links there are the user's choice.
-    """
-    try:
-        fd = os.open(root, _ROOT_FLAGS)
-    except FileNotFoundError:
-        if not create:
-            raise
-        make_dirs(root, fsync)
-        fd = os.open(root, _ROOT_FLAGS)
-    try:
-        for i, name in enumerate(parts):
-            nfd = _open_child_dir(fd, name, "/".join(parts[: i + 1]), create, fsync)
-            os.close(fd)
-            fd = nfd
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def open_regular(dir_fd: int, name: str) -> tuple[int, os.stat_result]:
-    """Open `name` in `dir_fd` for reading and return (fd, fstat) only if it is a regular file.
-
-    The open never follows a link (ELOOP) and never blocks on a FIFO; the fstat of what was
-    opened (not a stat of the name before: no window for a swap) decides. Anything else is
-    closed again and refused with `NotRegular`; the caller closes the fd it gets.
-    """
-    fd = os.open(name, READ_FLAGS, dir_fd=dir_fd)
-    try:
-        st = os.fstat(fd)
-    except BaseException:
-        os.close(fd)
-        raise
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise NotRegular(st.st_mode)
-    return fd, st
-
-
-class NotRegular(Exception):
-    """`open_regular` found something else than a regular file (see `mode`)."""
-
-    def __init__(self, mode: int) -> None:
-        self.mode = mode
-        super().__init__(f"{entry_kind(mode)}, not a regular file")
-
-
-def read_bounded(fd: int, size: int) -> bytes:
-    """At most `size + 1` bytes from `fd`: what fstat said, plus one to notice growth.
-
-    Bounded whatever the file is, so a name that grows while we read (not one of our files,
-    which are immutable once named) can never make a read unbounded.
-    """
-    want = size + 1
-    chunks: list[bytes] = []
-    got = 0
-    while got < want:
-        chunk = os.read(fd, want - got)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        got += len(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
 _Stack = list[tuple[int, Iterator[str], str]]  # spelled here: inside the class, `list` is a method
 
 
@@ -265,7 +63,7 @@ class LocalStorage(Storage):
         super().__init__(url, options)
         self.root = os.path.abspath(root)
         self.fsync = bool(self.options.get("fsync", True))
-        self._use_renameat2 = _RENAMEAT2 is not None
+        self._use_renameat2 = RENAMEAT2 is not None
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *check_key(key).split("/"))
@@ -301,7 +99,7 @@ class LocalStorage(Storage):
         """The domain error for a failed write: a read-only store or a link is one clear line."""
         if isinstance(exc, LinkRefused):
             return self._not_writable(key, exc.reason)
-        if exc.errno in _DENIED:
+        if exc.errno in DENIED:
             return self._not_writable(key, f"{exc.strerror} (a read-only store or filesystem, or "
                                            "not this user's?)")
         if exc.errno == errno.EISDIR:
@@ -326,10 +124,10 @@ class LocalStorage(Storage):
         if exc.errno == errno.ELOOP:
             return UnreadableFileError(key, "not read: it is a symbolic link, and links below the "
                                             "store root are never followed")
-        if exc.errno in _DENIED:
+        if exc.errno in DENIED:
             return UnreadableFileError(key, f"cannot be read: {exc.strerror}")
         if exc.errno in (errno.ENXIO, errno.ENODEV, errno.EOPNOTSUPP):
-            mode = _lstat_mode(dir_fd, name) if dir_fd >= 0 else None
+            mode = lstat_mode(dir_fd, name) if dir_fd >= 0 else None
             what = entry_kind(mode) if mode else "a special file"
             return UnreadableFileError(key, f"not read: it is {what}")
         return exc
@@ -420,8 +218,8 @@ class LocalStorage(Storage):
             if not exclusive:
                 os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             elif self._use_renameat2:
-                rc = _RENAMEAT2(dir_fd, os.fsencode(tmp), dir_fd, os.fsencode(name),
-                                _RENAME_NOREPLACE)
+                rc = RENAMEAT2(dir_fd, os.fsencode(tmp), dir_fd, os.fsencode(name),
+                                RENAME_NOREPLACE)
                 if rc != 0:
                     err = ctypes.get_errno()
                     if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
@@ -528,7 +326,7 @@ class LocalStorage(Storage):
                 logger.warning("%s: not deleting %s: it is a directory", self.display_url, key)
                 return
             except OSError as exc:
-                if exc.errno == errno.EPERM and stat.S_ISDIR(_lstat_mode(dfd, name) or 0):
+                if exc.errno == errno.EPERM and stat.S_ISDIR(lstat_mode(dfd, name) or 0):
                     logger.warning("%s: not deleting %s: it is a directory", self.display_url, key)
                     return
                 raise self._write_error(key, exc) from None
@@ -642,20 +440,20 @@ class LocalStorage(Storage):
                     os.close(fd)
                     continue
                 try:
-                    sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                    sub = os.open(name, DIR_FLAGS, dir_fd=fd)
                 except FileNotFoundError:
                     continue  # removed since the scan
                 except OSError as exc:
-                    if exc.errno in _REFUSED:
+                    if exc.errno in REFUSED:
                         out.append(rel + name)  # turned into a link or a file since the scan
                     else:
                         logger.warning("%s: cannot list %s%s/: %s", self.display_url, rel, name,
                                        exc.strerror)
                     continue
-                if len(stack) >= _MAX_DEPTH:
+                if len(stack) >= MAX_DEPTH:
                     os.close(sub)
                     logger.warning("%s: not listing below %s%s/: deeper than %d levels",
-                                   self.display_url, rel, name, _MAX_DEPTH)
+                                   self.display_url, rel, name, MAX_DEPTH)
                     continue
                 try:
                     subdirs = self._scan(sub, f"{rel}{name}/", out)

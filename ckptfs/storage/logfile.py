@@ -46,7 +46,7 @@ from collections.abc import Iterator, Sequence
 
 from ckptfs.errors import CorruptFileError, StoreNotWritableError, UnreadableFileError
 from ckptfs.storage.base import TEMP_MARKER
-from ckptfs.storage.local import READ_FLAGS, LinkRefused, entry_kind, fsync_dir, make_dirs
+from ckptfs.storage.fs import READ_FLAGS, LinkRefused, entry_kind, fsync_dir, make_dirs
 
 logger = logging.getLogger(__name__)
 

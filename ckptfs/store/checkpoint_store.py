@@ -614,6 +614,19 @@ class CheckpointStore:
                                 seed_head=version is None and resolve_artifacts)
         return None if result is None else result[0]
 
+    def load_with_tool_log(self, run_id: str, version: int | None = None, *, resolve_artifacts: bool = True
+                           ) -> tuple[AgentRun, dict[str, list[ToolCall]]] | None:
+        """`load_run` plus the tool log as of that same version (what `show`, `diff` and
+        `export` print), from the one load: the log is never read apart from the run."""
+        validate_id(run_id, "run id")
+        with self._lock(run_id):
+            got = self._load(run_id, version, resolve=resolve_artifacts,
+                             seed_head=version is None and resolve_artifacts)
+        if got is None:
+            return None
+        run, tool_log = got
+        return run, {sid: [c.model_copy(deep=True) for c in calls] for sid, calls in tool_log.items()}
+
     def _load(self, run_id: str, target: int | None, *, resolve: bool,
               seed_head: bool) -> tuple[AgentRun, dict[str, Any]] | None:
         with gc_paused():
