@@ -40,8 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfs.errors import ConflictError, LeaseLostError, StepCompletedError
-from ckptfs.format.models import AgentRun, Step, StepStatus, ToolCall
+from ckptfs.errors import ConflictError, LeaseLostError, RunNotFoundError, StepCompletedError
+from ckptfs.format.models import TERMINAL_STATUSES, AgentRun, Step, StepStatus, ToolCall
 from ckptfs.runtime.agent import Executor, StepResult, complete_step
 from ckptfs.runtime.host import CURRENT_STEP
 from ckptfs.runtime.policy import RetryPolicy
@@ -54,7 +54,6 @@ from ckptfs.store.leases import DEFAULT_TTL, Heartbeat, Lease, LeaseManager
 logger = logging.getLogger(__name__)
 
 NOT_BEFORE = "ckptfs.not_before"  # step metadata: wall-clock time before which no retry starts
-_DONE = (StepStatus.COMPLETED, StepStatus.FAILED, StepStatus.SKIPPED)
 _FINISHED_RUN = ("completed", "completed_with_errors")
 
 __all__ = ["StepResult", "WorkReport", "Worker"]
@@ -174,7 +173,7 @@ class Worker:
             while max_steps is None or report.taken < max_steps:
                 run = self.store.refresh(run_id)
                 if run is None:
-                    raise KeyError(f"run {run_id!r} has no saved state; start it first")
+                    raise RunNotFoundError(f"run {run_id!r} has no saved state; start it first")
                 if run.status == "superseded":
                     raise ValueError(f"run {run_id!r} was superseded by "
                                      f"{run.metadata.get('superseded_by')!r}; work on that one")
@@ -233,12 +232,12 @@ class Worker:
         steps = run.steps
         failed = [sid for sid, s in steps.items()
                   if s.status in (StepStatus.FAILED, StepStatus.SKIPPED)]
-        blocked = {sid for sid in downstream(steps, failed) if steps[sid].status not in _DONE}
+        blocked = {sid for sid in downstream(steps, failed) if steps[sid].status not in TERMINAL_STATUSES}
         now = time.time()
         runnable: list[Step] = []
         left = False
         for sid, s in steps.items():
-            if s.status in _DONE or sid in blocked:
+            if s.status in TERMINAL_STATUSES or sid in blocked:
                 continue
             left = True
             if any(steps[d].status != StepStatus.COMPLETED for d in s.dependencies):

@@ -39,10 +39,12 @@ from pydantic import ValidationError
 from ckptfs.errors import (
     CheckpointCorruptError,
     ConflictError,
+    InvalidGraphError,
     InvalidIdError,
     KeyOccupiedError,
     LeaseLostError,
     RecordTooLargeError,
+    RunNotFoundError,
     StepCompletedError,
     VersionLimitError,
 )
@@ -56,6 +58,7 @@ from ckptfs.format.keys import (
     snap_key,
 )
 from ckptfs.format.models import (
+    TERMINAL_STATUSES,
     AgentRun,
     ArtifactRef,
     Step,
@@ -81,7 +84,6 @@ REFS_FIELD = "$refs"
 RESUMABLE_STATUSES = frozenset({"running", "paused", "failed"})
 
 
-_FINISHED = (StepStatus.COMPLETED.value, StepStatus.FAILED.value, StepStatus.SKIPPED.value)
 
 
 def _backoff(attempt: int) -> None:
@@ -385,7 +387,7 @@ class CheckpointStore:
             if old is not None and old != new_deps[s.id]:
                 rewired = True
         if problems:
-            raise ValueError(f"run {run_id!r}: refusing to commit an invalid step graph: "
+            raise InvalidGraphError(f"run {run_id!r}: refusing to commit an invalid step graph: "
                              + "; ".join(problems[:5]))
         if not new_deps and not removed:
             return
@@ -400,7 +402,7 @@ class CheckpointStore:
         if cycle is not None:
             problems.append(f"dependency cycle through step {cycle!r}")
         if problems:
-            raise ValueError(f"run {run_id!r}: refusing to commit an invalid step graph: "
+            raise InvalidGraphError(f"run {run_id!r}: refusing to commit an invalid step graph: "
                              + "; ".join(problems[:5]))
 
     def _step_changes(self, head: Head, steps: Iterable[Step], changes: Changes,
@@ -472,19 +474,19 @@ class CheckpointStore:
         merges with whatever the others committed meanwhile.
         """
         if (lease.run_id, lease.step_id) != (run_id, step.id):
-            raise ValueError(f"commit_step: lease is for {lease.run_id}/{lease.step_id}, "
+            raise ValueError(f"commit_step: lease is for {lease.run_id}/{lease.step_id}, "  # a caller bug
                              f"not {run_id}/{step.id}")
 
         def write(head: Head) -> int:
             stored = head.steps_cmp.get(step.id)
             if stored is None:
-                raise KeyError(f"run {run_id!r} has no step {step.id!r}")
+                raise RunNotFoundError(f"run {run_id!r} has no step {step.id!r}")
             doc = json.loads(stored)
             fence = int(doc.get("lease_generation", 0))
             if fence > lease.generation or (claim and fence == lease.generation):
                 raise LeaseLostError(run_id, step.id, lease.generation,
                                      f"generation {fence} has committed the step since")
-            if doc.get("status") in _FINISHED and fence != lease.generation:
+            if doc.get("status") in TERMINAL_STATUSES and fence != lease.generation:  # a str enum
                 raise StepCompletedError(run_id, step.id, lease.generation,
                                          f"the step was already {doc['status']} (generation {fence})")
             if step.lease_generation != lease.generation:
@@ -525,7 +527,7 @@ class CheckpointStore:
         with self._lock(run_id):
             head = self._head(run_id)
             if run is None and head.version == 0:
-                raise KeyError(f"run {run_id!r} has no saved state; save_run it first")
+                raise RunNotFoundError(f"run {run_id!r} has no saved state; save_run it first")
             changes = Changes()
             if run is not None:
                 run_json = self._values.model_json_of(run, run_id, None, exclude={"steps"})
@@ -570,7 +572,7 @@ class CheckpointStore:
 
         def write(head: Head) -> int:
             if head.version == 0:
-                raise KeyError(f"run {run_id!r} has no saved state; save_run it first")
+                raise RunNotFoundError(f"run {run_id!r} has no saved state; save_run it first")
             if logged(head, step_id, tool_call):
                 return head.version
             changes = Changes(tool_log={step_id: [call_json]})
@@ -587,7 +589,7 @@ class CheckpointStore:
         with self._lock(run_id):
             head = self._head(run_id)
             if head.run_json is None:
-                raise KeyError(f"run {run_id!r} has no saved state")
+                raise RunNotFoundError(f"run {run_id!r} has no saved state")
             doc = json.loads(head.run_json)
             if doc.get("status") == status:
                 return head.version

@@ -1,0 +1,35 @@
+"""The store raises domain errors for domain conditions, never a bare KeyError or ValueError:
+callers can tell "this run was never saved" from a bug, and the seed's callers that caught
+KeyError/ValueError still do."""
+
+from __future__ import annotations
+
+import pytest
+
+from ckptfs import AgentRun, CheckpointStore, Step, StepStatus, ToolCall
+from ckptfs.errors import CkptfsError, InvalidGraphError, RunNotFoundError
+
+
+def test_writes_to_a_run_never_saved_name_it(memory_url: str) -> None:
+    store = CheckpointStore(memory_url)
+    with pytest.raises(RunNotFoundError) as err:
+        store.log_tool_call("ghost", "s1", ToolCall(tool_name="t", arguments={}))
+    assert isinstance(err.value, KeyError) and isinstance(err.value, CkptfsError)
+    assert str(err.value).startswith("run 'ghost' has no saved state")  # not quoted as KeyError is
+    with pytest.raises(RunNotFoundError):
+        store.mark_run_complete("ghost")
+    with pytest.raises(RunNotFoundError):
+        store.save_step_checkpoint("ghost", Step(id="s1", title="t"))
+
+
+def test_an_unrunnable_graph_is_an_invalid_graph_error(memory_url: str) -> None:
+    store = CheckpointStore(memory_url)
+    run = AgentRun(goal="g")
+    run.add_step(Step(id="a", title="a"))
+    store.save_run(run)
+    done = run.steps["a"]
+    done.status = StepStatus.COMPLETED  # no result
+    with pytest.raises(InvalidGraphError, match="COMPLETED without a result") as err:
+        store.commit(run, [done])
+    assert isinstance(err.value, ValueError)
+    assert store.list_versions(run.run_id) == [1]
