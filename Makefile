@@ -60,6 +60,9 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/mirror_restore.py
 	$(BIN)/python benchmarks/langgraph_put.py
 	$(BIN)/python benchmarks/workers.py
+	$(BIN)/python benchmarks/group_commit.py
+	$(BIN)/python benchmarks/seed_save_run.py
+	$(BIN)/python benchmarks/cli_startup.py
 
 langgraph-demo: $(STAMP)
 	$(BIN)/python examples/langgraph_agent.py

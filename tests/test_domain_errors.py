@@ -33,3 +33,26 @@ def test_an_unrunnable_graph_is_an_invalid_graph_error(memory_url: str) -> None:
         store.commit(run, [done])
     assert isinstance(err.value, ValueError)
     assert store.list_versions(run.run_id) == [1]
+
+
+
+def test_a_non_finite_optional_time_is_refused_though_it_serialises_like_none(memory_url: str) -> None:
+    """NaN in `started_at` serialises as null, the same bytes as None: the diff saw no change,
+    `commit` acknowledged the old version and `save_run` a new one, and a load gave back None."""
+    import math
+
+    from ckptfs.errors import NonFiniteValueError
+
+    store = CheckpointStore(memory_url)
+    run = AgentRun(goal="g")
+    run.add_step(Step(id="a", title="a"))
+    v1 = store.save_run(run)
+    for field in ("started_at", "completed_at"):
+        for bad in (math.nan, math.inf):
+            setattr(run.steps["a"], field, bad)
+            with pytest.raises(NonFiniteValueError, match=field):
+                store.commit(run, [run.steps["a"]])
+            with pytest.raises(NonFiniteValueError, match=field):
+                store.save_run(run)
+            setattr(run.steps["a"], field, None)
+    assert store.list_versions(run.run_id) == [v1]

@@ -447,3 +447,30 @@ def test_read_commands_work_on_read_only_store(command: str, ro_store: tuple[Pat
     proc = _run(args, tmp_path, preexec=_drop_dac)
     assert "Traceback" not in proc.stderr, f"{command} crashed: {_crash(proc)}"
     assert proc.returncode == 0, f"{command} exit {proc.returncode}: {proc.stderr.strip()[-200:]}"
+
+
+def test_mirror_reports_an_artifact_behind_a_link_per_run_and_goes_on(tmp_path: Path) -> None:
+    """artifacts/ linked out of the store: the artifact is unreadable (never followed), so the
+    run's point is incomplete, named in the report, and the pass goes on with the other runs
+    instead of stopping with no table."""
+    from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
+    from ckptfs.replication.mirror import mirror
+
+    url = tmp_path / "store"
+    store = CheckpointStore(str(url), artifact_threshold=1024)
+    for rid, big in (("big", True), ("small", False)):
+        run = AgentRun(run_id=rid, goal="g")
+        run.add_step(Step(id="a", title="a"))
+        store.save_run(run)
+        step = run.steps["a"]
+        step.status, step.result = StepStatus.COMPLETED, ("x" * 5000 if big else "ok")
+        store.commit(run, [step])
+    store.close()
+    outside = tmp_path / "outside"
+    (url / "artifacts").rename(outside)
+    (url / "artifacts").symlink_to(outside, target_is_directory=True)
+    report = mirror(str(url), str(tmp_path / "mirror"), latest=True)
+    rows = {r.run_id: r for r in report.runs}
+    assert rows["small"].status == "mirrored", rows["small"]
+    assert rows["big"].status == "incomplete" and rows["big"].missing, rows["big"]
+    assert not report.ok

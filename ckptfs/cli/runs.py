@@ -196,12 +196,14 @@ def _leases(storage: Storage, state: RunState) -> dict[str, dict[str, Any]]:
             for sid, rec in read_leases(storage, state.run.run_id, open_steps).items() if not rec.released}
 
 
-def _load(storage: Storage, run_id: str, version: int | None, artifacts: bool = False) -> RunState:
+def _load(storage: Storage, run_id: str, version: int | None, artifacts: bool = True) -> RunState:
     from ckptfs.errors import CheckpointCorruptError
     from ckptfs.format.models import validate_id
     from ckptfs.maintenance.history import load_state
 
     validate_id(run_id, "run id")
+    # Artifacts resolved (and their sha256 checked) by default: show and diff must report the
+    # state a load, and so a resume, returns; one damaged artifact makes that an earlier one.
     try:
         state = load_state(storage, run_id, version, artifacts=artifacts)
     except CheckpointCorruptError as exc:

@@ -9,9 +9,10 @@ Serialisation is pydantic's JSON only: a checkpoint never executes code when loa
 from __future__ import annotations
 
 import re
+import sys
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from enum import Enum
 from typing import Any
 
@@ -99,6 +100,10 @@ class Step(BaseModel):
     """
 
     model_config = ConfigDict(validate_assignment=True)
+    # Where this step reports that it may have changed (see `track_changes`). A slot, not a
+    # pydantic private attribute: those take part in `==` and in copies, and a copy must
+    # start untracked (it is a different object from the one the store compared).
+    __slots__ = ("_ckpt_watch",)
 
     id: str
     title: str
@@ -124,14 +129,121 @@ class Step(BaseModel):
     def _check_id(cls, v: str) -> str:
         return validate_id(v, "step id")
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        _touch(self)
+
+    def __iter__(self) -> Generator[tuple[str, Any], None, None]:
+        # `dict(step)` and `for k, v in step` hand out the containers without a field read.
+        _touch(self)
+        yield from super().__iter__()
+
     def is_ready(self, completed_ids: set[str]) -> bool:
-        return all(dep in completed_ids for dep in self.dependencies)
+        # Read past the exposing descriptor: checking readiness changes nothing, and
+        # `get_ready_steps` would otherwise mark every pending step for re-comparison.
+        return all(dep in completed_ids for dep in self.__dict__["dependencies"])
 
     @property
     def duration_seconds(self) -> float | None:
         if self.started_at is not None and self.completed_at is not None:
             return self.completed_at - self.started_at
         return None
+
+
+# ------------------------------------------------------------------ change tracking
+#
+# `save_run(run)` must cost the size of the change, so the store has to learn which steps
+# changed without serialising every step. A step tells a *sink* (a dict the store's head owns,
+# id(step) -> step) whenever it may have changed:
+#   * a field assignment (`Step.__setattr__`);
+#   * a read of a field holding a mutable container (`tool_calls`, `dependencies`,
+#     `metadata`): whoever reads it can change it in place (`step.metadata["x"] = 1`,
+#     `step.tool_calls.append(...)`, `step.tool_calls[0].result = ...`), so the read itself
+#     counts as a possible change;
+#   * a reference kept past a commit (`md = step.metadata`, changed after the save): the store
+#     asks `holds_shared_values` when it commits a step, and a step with a mutable value that
+#     something else references stays marked until nothing does.
+# Not seen: writes through `step.__dict__` and `object.__setattr__`-style tricks; those
+# bypass pydantic too.
+
+_CONTAINER_FIELDS = ("tool_calls", "dependencies", "metadata")
+
+
+def _touch(step: Step) -> None:
+    try:
+        sink: dict[int, Step] | None = object.__getattribute__(step, "_ckpt_watch")
+    except AttributeError:  # never tracked (new, copied, unpickled): the store diffs it anyway
+        return
+    if sink is not None:
+        sink[id(step)] = step
+
+
+def track_changes(step: Step, sink: dict[int, Step] | None) -> None:
+    """Report this step's possible changes to `sink` from now on (None: to nobody)."""
+    object.__setattr__(step, "_ckpt_watch", sink)
+
+
+class _Exposing:
+    """A container field: reading it hands out something changeable in place, so it is reported.
+
+    A data descriptor on the class wins over the instance `__dict__` where pydantic keeps the
+    value; pydantic itself (validation, assignment, serialisation, `==`, copies) works on
+    `__dict__` directly and never comes through here.
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Step | None, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        _touch(obj)
+        return obj.__dict__[self.name]
+
+    def __set__(self, obj: Step, value: Any) -> None:  # only reached by object.__setattr__
+        obj.__dict__[self.name] = value
+        _touch(obj)
+
+
+for _name in _CONTAINER_FIELDS:
+    setattr(Step, _name, _Exposing(_name))
+
+
+def _shared(values: Iterable[Any], base: int) -> bool:
+    """Whether any mutable value in `values` (recursively) has a reference besides its parent."""
+    for v in values:
+        if isinstance(v, (dict, list, set, BaseModel)):
+            if sys.getrefcount(v) > base:
+                return True
+            if isinstance(v, dict):
+                if _shared(v.values(), base):
+                    return True
+            elif isinstance(v, BaseModel):
+                if _shared(v.__dict__.values(), base):
+                    return True
+            elif isinstance(v, list) and _shared(v, base):
+                return True
+        elif isinstance(v, tuple) and _shared(v, base):  # immutable, but may hold a list
+            return True
+    return False
+
+
+# References a value held only by its parent shows inside `_shared` (the parent's slot, the
+# loop variable, getrefcount's argument): measured, not assumed, so it holds on any CPython.
+_BASE_REFS = next(b for b in range(1, 16) if not _shared([[]], b))
+
+
+def holds_shared_values(step: Step) -> bool:
+    """Whether something outside the step references one of its mutable values.
+
+    Such a value can change after the commit without the step hearing of it (`calls =
+    step.tool_calls`, then `calls.append(...)` after a save), so the store keeps the step
+    marked for comparison until the outside reference is gone. CPython reference counts are
+    exact; the walk costs the size of the step, and runs only for steps being committed.
+    """
+    return _shared(step.__dict__.values(), _BASE_REFS)
 
 
 class AgentRun(BaseModel):
@@ -219,12 +331,12 @@ def graph_problems(steps: dict[str, Step], only: set[str] | None = None) -> list
         step = steps.get(sid)
         if step is None:
             continue
-        for dep in step.dependencies:
+        for dep in step.__dict__["dependencies"]:  # a check, not a change (see Step.is_ready)
             if dep not in steps:
                 problems.append(f"step {sid!r} depends on unknown step {dep!r}")
         if step.status == StepStatus.COMPLETED and step.result is None:
             problems.append(f"step {sid!r} is COMPLETED without a result")
-    cycle = find_cycle({sid: s.dependencies for sid, s in steps.items()},
+    cycle = find_cycle({sid: s.__dict__["dependencies"] for sid, s in steps.items()},
                        roots=None if only is None else list(only))
     if cycle is not None:
         problems.append(f"dependency cycle through step {cycle!r}")

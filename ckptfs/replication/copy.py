@@ -12,9 +12,7 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from ckptfs.errors import (
-    StorageUnavailableError,
-)
+from ckptfs.errors import CorruptFileError, StorageUnavailableError
 from ckptfs.format.keys import ARTIFACTS, RUNS, run_dirs
 from ckptfs.format.models import ArtifactRef, validate_id
 from ckptfs.replication.report import Progress, RunResult
@@ -212,7 +210,7 @@ def gather(futs: list[Future[bool]], res: RunResult, sizes: list[int]) -> None:
                 res.skipped += 1
         except CopyConflict as exc:
             conflicts.append(str(exc))
-        except (CopyMissing, StorageUnavailableError, OSError) as exc:
+        except (CopyMissing, StorageUnavailableError, OSError, CorruptFileError) as exc:  # unreadable
             res.missing.append(str(exc))
     if conflicts:
         res.missing.extend(conflicts)

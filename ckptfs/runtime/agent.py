@@ -13,7 +13,11 @@ The seed's API and meaning (`start_run`, `resume_run`, `execute_run(run, executo
   them stops the run with `RetriesExhaustedError` and the checkpoint intact; a step whose
   dependency failed is SKIPPED with the reason, never left PENDING;
 * `aexecute_run` is the async twin: independent ready steps run concurrently up to a limit,
-  store writes run in one worker thread, in order, shielded from cancellation.
+  store writes run in one worker thread, in order, shielded from cancellation, and are
+  group-committed: what arrives while a record is being written goes into the next record
+  together (one fsync for many steps; see store/group_commit.py). A step counts as done (its
+  await returns, `step_completed` fires, its dependants become ready) only once its record
+  is durable, so a dependant never starts on a completion a crash could still take back.
 
 Progress goes to `logging` and to an optional callback, never to stdout.
 """
@@ -51,6 +55,7 @@ from ckptfs.runtime.resume import (
 from ckptfs.runtime.tool_log import ToolLogs, ToolLogState
 from ckptfs.runtime.tools import IdempotentToolRunner, UnconfirmedActionError
 from ckptfs.store.checkpoint_store import CheckpointStore
+from ckptfs.store.group_commit import GroupCommitter
 
 logger = logging.getLogger(__name__)
 
@@ -263,6 +268,7 @@ class CheckpointedAgent:
         self._tool_logs = ToolLogs(checkpoint_store, self._tool_log_start)
         self._io_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._io_pending: set[concurrent.futures.Future[Any]] = set()
+        self._committer: GroupCommitter | None = None
 
     # ------------------------------------------------------------------------- seed API
 
@@ -338,7 +344,12 @@ class CheckpointedAgent:
 
     async def arecord_tool_call(self, run_id: str, step_id: str, tool_call: ToolCall) -> None:
         """`record_tool_call` off the event loop, in order, never cancelled midway (see `_io`)."""
-        await self._io(self._write_tool_call, run_id, step_id, tool_call)
+        if type(self)._write_tool_call is CheckpointedAgent._write_tool_call:
+            # Durable on return as ever, but it may share a record with other steps' commits
+            # arriving meanwhile; an idle writer writes it at once (no batch window).
+            await self._agroup(run_id, tool_calls=[(step_id, tool_call)])
+        else:  # a subclass's own write: keep it as it is, in order on the same thread
+            await self._io(self._write_tool_call, run_id, step_id, tool_call)
         self._tool_logs.add(run_id, step_id, tool_call)
 
     def pause_run(self, run: AgentRun) -> None:
@@ -411,6 +422,7 @@ class CheckpointedAgent:
             CURRENT_STEP.reset(token)
         if plan:
             self._commit(ex, plan)
+        self._release(ex, step)
 
     # ----------------------------------------------------------------- execution (async)
 
@@ -419,7 +431,12 @@ class CheckpointedAgent:
         """`execute_run` for an async executor; up to `concurrency` ready steps run at once.
 
         Store writes go to a worker thread one at a time, in the order they were decided, so
-        a step's completion is never durable before the completions it depended on.
+        a step's completion is never durable before the completions it depended on. They are
+        group-committed: commits (completions, RUNNING marks, tool results) that arrive while
+        a record is being written share the next record, one fsync for all of them, and each
+        caller goes on only once its own record is durable. A commit the store refuses fails
+        only the step whose change it was (see store/group_commit.py); the run then stops
+        with that step's error, as it did with one record per commit.
         """
         if concurrency < 1:
             raise ValueError(f"aexecute_run: concurrency must be >= 1, got {concurrency}")
@@ -477,6 +494,7 @@ class CheckpointedAgent:
             plan = self._after_success(ex, step, out, tokens0, cost0)
         if plan:
             await self._acommit(ex, plan)
+        self._release(ex, step)  # only now: its completion is durable (when the policy commits)
 
     # ------------------------------------------------------------------ shared machinery
 
@@ -569,13 +587,26 @@ class CheckpointedAgent:
         ex.completed += 1
         ex.dirty[step.id] = step
         ex.finished_since_commit += 1
+        if ex.policy.due_after_step(step, ex.finished_since_commit):
+            return ex.take()
+        return None
+
+    def _release(self, ex: _Execution, step: Step) -> None:
+        """A completed step's acknowledgement: its dependants become ready, `step_completed` fires.
+
+        Called after the step's commit returned (when the policy commits it), never before:
+        a dependant started earlier would build on (and pay tool calls for) a result a crash
+        could still take back, and a progress consumer would count a step that may be lost;
+        with commits waiting for a shared record, that window is no longer one fsync wide.
+        Under a policy that defers commits, the step is released at once, as it always was
+        (its completion goes into the next record, with or before its dependants').
+        """
+        if step.status != StepStatus.COMPLETED or step.id in ex.running:
+            return  # stopped on a refused output, or gave up before starting
         ex.complete(step.id)
         if ex.callback is not None:
             self._emit(ex, "step_completed", step)
         logger.debug("run %s: step %s completed (attempt %d)", ex.run.run_id, step.id, step.attempt_count)
-        if ex.policy.due_after_step(step, ex.finished_since_commit):
-            return ex.take()
-        return None
 
     def _after_failure(self, ex: _Execution, step: Step, exc: Exception, tokens0: int,
                        cost0: float) -> list[Step]:
@@ -700,8 +731,9 @@ class CheckpointedAgent:
             self._emit(ex, "checkpoint", None, f"{len(steps)} step(s)")
 
     async def _acommit(self, ex: _Execution, steps: list[Step]) -> None:
+        """`_commit` off the loop, group-committed with whatever else is being committed."""
         try:
-            await self._io(self.store.commit, ex.run, steps)
+            await self._agroup(ex.run.run_id, run=ex.run, steps=steps)
         except Exception:
             for s in steps:
                 ex.dirty.setdefault(s.id, s)
@@ -737,9 +769,27 @@ class CheckpointedAgent:
         cancelling the awaiting task (Ctrl-C, a sibling's crash) must not drop a tool result
         that was already paid for, or the call would be repeated on replay.
         """
+        return await self._await_io(self._pool().submit(fn, *args))
+
+    async def _agroup(self, run_id: str, *, run: AgentRun | None = None, steps: list[Step] | None = None,
+                      tool_calls: list[tuple[str, ToolCall]] | None = None) -> int:
+        """Queue a commit on the group committer; return its version once it is durable.
+
+        The committer writes on the same one-thread pool as `_io`, so order is kept with every
+        other store write; what is queued while a record is being written shares the next one.
+        """
+        if self._committer is None:
+            self._committer = GroupCommitter(self.store, self._pool())
+        fut = self._committer.submit(run_id, run=run, steps=steps or (), tool_calls=tool_calls or ())
+        return int(await self._await_io(fut))
+
+    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
         if self._io_pool is None:
             self._io_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ckptfs-agent-io")
-        fut = self._io_pool.submit(fn, *args)
+        return self._io_pool
+
+    async def _await_io(self, fut: concurrent.futures.Future[Any]) -> Any:
+        """Await a store write, shielded (see `_io`); tracked so a crash path can drain it."""
         self._io_pending.add(fut)
         fut.add_done_callback(self._io_pending.discard)
         return await asyncio.shield(asyncio.wrap_future(fut))

@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
@@ -54,6 +54,7 @@ from ckptfs.format.keys import (
     MAX_VERSION,
     RUNS,
     log_key,
+    parse_run_key,
     run_prefix,
     snap_key,
 )
@@ -71,6 +72,7 @@ from ckptfs.storage.base import Storage
 from ckptfs.storage.registry import open_storage
 from ckptfs.store.artifacts import ArtifactSource, ArtifactStore
 from ckptfs.store.compactor import CompactionPolicy, Compactor, Entry, RunCompaction
+from ckptfs.store.group_commit import GroupPart
 from ckptfs.store.head import Head, logged
 from ckptfs.store.leases import Lease
 from ckptfs.store.loader import Loaded, LoadInfo, RunLoader, gc_paused
@@ -79,6 +81,9 @@ from ckptfs.store.sharing import catch_up
 from ckptfs.store.values import PendingArtifact, ValuePlanner
 
 logger = logging.getLogger(__name__)
+
+_GroupPlan = tuple[Changes, dict[str, bytes | None], list[PendingArtifact], list[Step],
+              list[tuple[str, ToolCall]]]
 
 REFS_FIELD = "$refs"
 RESUMABLE_STATUSES = frozenset({"running", "paused", "failed"})
@@ -271,6 +276,7 @@ class CheckpointStore:
             raise ConflictError(run_id, version, f"its base version {head.version} was removed "
                                 "by retention: another writer has moved this run on; reload it")
         entry = Entry(0, head.version, head.hash, version, h, changes, len(data))
+        head.moved_on(version, steps_changed=bool(changes.steps))
         head.version, head.hash, head.next_version = version, h, version + 1
         head.counts, head.run_info = counts, info
         head.status.update(new_status)
@@ -321,8 +327,16 @@ class CheckpointStore:
             return self._pool
 
     def _base_exists(self, run_id: str, version: int) -> bool:
-        return self.storage.exists(log_key(run_id, version)) or self.storage.exists(
-            snap_key(run_id, version))
+        """Whether the version a commit builds on is still stored: its journal record, its
+        snapshot, or a delta ending at it. The last is what a restore point or a mirror holds
+        below its tail of records, so only that case pays a LIST (of the run's deltas)."""
+        if self.storage.exists(log_key(run_id, version)) or self.storage.exists(snap_key(run_id, version)):
+            return True
+        try:
+            deltas = self.storage.list(f"{run_prefix(run_id)}delta/")
+        except FileNotFoundError:
+            return False
+        return any((rf := parse_run_key(k)) is not None and rf.version == version for k in deltas)
 
     def _forget(self, run_id: str) -> None:
         self._heads.pop(run_id, None)
@@ -415,6 +429,9 @@ class CheckpointStore:
             model_json = self._values.model_json_of(step, head.run_id, step.id)
             old = head.steps_cmp.get(step.id)
             if old == model_json:
+                # NaN in an optional float (started_at) serialises as null, the bytes of None:
+                # "no change" must not acknowledge a value the caller's run holds and no load has
+                self._values.check_optional_floats(head.run_id, step)
                 continue
             self._values.check_storable(head.run_id, step.id, step)
             changes.steps[step.id] = self._values.offload_step(step, model_json, pending)
@@ -442,15 +459,183 @@ class CheckpointStore:
         return self._commit_steps(run.run_id, run,
                                   [run.steps[s] if isinstance(s, str) else s for s in steps])
 
+    def commit_many(self, parts: Sequence[GroupPart]) -> None:
+        """Several callers' commits to one run as ONE journal record (group commit).
+
+        One fsync (one PUT) for all of them, where `commit` per caller costs one each; each
+        part's future resolves to the version once the record is durable, or fails with the
+        error that is that part's own (see store/group_commit.py: a part refused alone fails
+        alone, a record refused for its content is split). Never raises. `GroupCommitter`
+        is the queue that gathers the parts.
+        """
+        by_run: dict[str, list[GroupPart]] = {}
+        for p in parts:
+            by_run.setdefault(p.run_id, []).append(p)
+        for run_id, group in by_run.items():
+            self._group_commit(run_id, group)
+
+    # ------------------------------------------------- group commit (store/group_commit.py)
+
+    def _group_commit(self, run_id: str, parts: Sequence[GroupPart]) -> None:
+        """Write `parts` (all of run `run_id`) as one journal record; resolve every part's future.
+
+        Never raises: each part's outcome is on its future (see the module docstring for which
+        error goes to which part).
+        """
+        try:
+            validate_id(run_id, "run id")  # before any key is built from it
+            with self._lock(run_id):
+                self._group_locked(run_id, list(parts))
+        except BaseException as exc:  # _head() failing to load, or a bug: nobody may wait forever
+            for p in parts:
+                p.fail(exc)
+
+
+    def _group_locked(self, run_id: str, parts: list[GroupPart]) -> None:
+        head = self._head(run_id)
+        if head.shared:
+            # Others commit to this run: their rules (catch up first, rebase tool results) hold.
+            for p in parts:
+                self._group_alone_shared(p)
+            return
+        run = next((p.run for p in reversed(parts) if p.run is not None), None)
+        changes = Changes()
+        if run is not None:
+            try:
+                run_json = self._values.model_json_of(run, run_id, None, exclude={"steps"})
+                if run_json != head.run_json:
+                    self._values.check_storable(run_id, None, run, exclude=frozenset({"steps"}))
+                    changes.run = run_json
+            except Exception as exc:  # the run-level fields are refused: every part carrying them is
+                for p in parts:
+                    if p.run is not None:
+                        p.fail(exc)
+                parts = [p for p in parts if p.run is None]
+                run = None
+        accepted: list[GroupPart] = []
+        undo: dict[str, bytes | None] = {}
+        pending: list[PendingArtifact] = []
+        changed: dict[str, Step] = {}
+        logged_calls: list[tuple[str, ToolCall]] = []
+        for p in parts:
+            got = self._group_plan(run_id, head, p)
+            if got is None:
+                continue
+            part_changes, part_undo, part_pending, part_changed, part_calls = got
+            changes.merge(part_changes)
+            for sid, old in part_undo.items():
+                undo.setdefault(sid, old)  # the oldest bytes: what is really stored
+            pending += part_pending
+            changed.update((s.id, s) for s in part_changed)
+            logged_calls += part_calls
+            accepted.append(p)
+        if not accepted:
+            return
+        try:
+            version = self._commit(run_id, changes, run=run, changed_steps=list(changed.values()),
+                                    artifacts=pending)
+        except BaseException as exc:
+            self._rollback(head, undo)
+            self._group_refused(run_id, accepted, exc)
+            return
+        for sid, call in logged_calls:
+            head.tool_log.setdefault(sid, []).append(call.model_copy(deep=True))
+        for p in accepted:
+            p.done(version)
+        if len(accepted) > 1:
+            logger.debug("run %s: v%d holds %d grouped commits", run_id, version, len(accepted))
+
+
+    def _group_plan(self, run_id: str, head: Head, p: GroupPart) -> _GroupPlan | None:
+        """Diff one part against the head (which it updates); on a refusal, undo it, fail the part
+        and return None. What the store refuses for one part alone must not fail the others."""
+        part_changes = Changes()
+        part_undo: dict[str, bytes | None] = {}
+        part_pending: list[PendingArtifact] = []
+        calls: list[tuple[str, ToolCall]] = []
+        try:
+            if p.run is None and head.version == 0:
+                raise RunNotFoundError(f"run {run_id!r} has no saved state; save_run it first")
+            changed = self._step_changes(head, p.steps, part_changes, part_undo, part_pending)
+            for sid, call in p.tool_calls:
+                validate_id(sid, "step id")
+                if logged(head, sid, call) or any(c is call for _, c in calls):
+                    continue
+                frag = self._values.tool_call_json(call, part_pending, run_id, sid)
+                part_changes.tool_log.setdefault(sid, []).append(frag)
+                calls.append((sid, call))
+        except Exception as exc:
+            self._rollback(head, part_undo)
+            p.fail(exc)
+            return None
+        return part_changes, part_undo, part_pending, changed, calls
+
+
+    def _group_refused(self, run_id: str, parts: list[GroupPart], exc: BaseException) -> None:
+        """A record of several parts was refused: split it, or fail its parts (module docstring)."""
+        if len(parts) > 1 and isinstance(exc, ValueError):
+            logger.info("run %s: a grouped record of %d commits was refused (%s); committing each "
+                        "alone so the others still land", run_id, len(parts), type(exc).__name__)
+            for i, p in enumerate(parts):
+                self._group_locked(run_id, [p])
+                lost = p.future.exception() if p.future.done() else None
+                if isinstance(lost, ConflictError):  # another writer moved the run on: stop here,
+                    self._group_refused(run_id, parts[i + 1:], lost)  # not land the rest on a reload
+                    return
+            return
+        for p in parts:
+            if isinstance(exc, ConflictError) and p.tool_calls and not p.steps and p.run is None:
+                self._group_log_calls(p)  # a paid result: rebase and retry, as log_tool_call always did
+            else:
+                p.fail(exc)
+
+
+    def _group_log_calls(self, p: GroupPart) -> None:
+        try:
+            version = 0
+            for sid, call in p.tool_calls:
+                version = self.log_tool_call(p.run_id, sid, call)
+        except BaseException as exc:
+            p.fail(exc)
+        else:
+            p.done(version)
+
+
+    def _group_alone_shared(self, p: GroupPart) -> None:
+        """A part of a run others write too: the store's ordinary one-record paths."""
+        try:
+            if p.tool_calls and not p.steps and p.run is None:
+                self._group_log_calls(p)
+                return
+            if p.run is not None:
+                version = self.commit(p.run, p.steps)
+            else:
+                version = 0
+                for s in p.steps:
+                    version = self.save_step_checkpoint(p.run_id, s)
+            for sid, call in p.tool_calls:
+                version = self.log_tool_call(p.run_id, sid, call)
+        except BaseException as exc:
+            p.fail(exc)
+        else:
+            p.done(version)
+
     def save_run(self, run: AgentRun) -> int:
         """Save or update the full run state (seed API). Returns the committed version.
 
-        Compares every step with the last committed version and writes only the difference,
-        so the record is small; the comparison itself is O(steps). Use `commit(run, steps)`
-        on hot paths where the changed steps are known.
+        Writes only the difference from the last committed version, and costs its size: the
+        steps report their assignments and in-place changes to the store's head (see
+        format/models.py, "change tracking"), so only those, and steps appended since, are
+        compared. Whenever the head cannot vouch for the others (the first save of this run
+        object, a removal, a replaced step object, another writer's record) every step is
+        compared, as before. The record is the same either way.
         """
         run.updated_at = time.time()
-        return self._commit_steps(run.run_id, run, run.steps.values(), full=True)
+        with self._lock(run.run_id):
+            changed = self._head(run.run_id).changed_steps(run)
+            if changed is None:
+                return self._commit_steps(run.run_id, run, run.steps.values(), full=True)
+            return self._commit_steps(run.run_id, run, changed)
 
     def save_step_checkpoint(self, run_id: str, step: Step) -> int:
         """Checkpoint one step's state as the run's next version (seed API)."""
@@ -537,6 +722,7 @@ class CheckpointStore:
             removed = [sid for sid in head.steps_cmp if sid not in run.steps] if full and run else []
             undo: dict[str, bytes | None] = {}
             pending: list[PendingArtifact] = []
+            base = head.version
             try:
                 steps = list(steps)
                 changed = self._step_changes(head, steps, changes, undo, pending)
@@ -552,10 +738,12 @@ class CheckpointStore:
                 if tool_calls:
                     head.tool_log.setdefault(steps[0].id, []).extend(
                         c.model_copy(deep=True) for c in tool_calls)
-                return version
             except BaseException:
                 self._rollback(head, undo)
                 raise
+            if self._heads.get(run_id) is head:  # what save_run may skip next time
+                head.synced(run, steps, full, base)
+            return version
 
     def log_tool_call(self, run_id: str, step_id: str, tool_call: ToolCall, *,
                       attempts: int = 60) -> int:
@@ -668,6 +856,8 @@ class CheckpointStore:
                             for sid, calls in state["tool_log"].items()}
         forced = info.max_version_seen > version  # we are branching: snapshot at once
         head.branching = forced
+        # The loaded run is the object load_run hands out: its first save_run is O(change).
+        head.synced(run, (), True, version, fresh=True)
         self._heads[run_id] = head
         rc = RunCompaction(replica, version, hash_, snapshot_bytes=info.snapshot_bytes,
                             carried_reads=self.policy.max_plan if forced else info.records_read,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,17 @@ class ValuePlanner:
         if got is not None:
             cls = NonFiniteValueError if got.nonfinite else UnstorableValueError
             raise cls(run_id, step_id, got.path, got.reason)
+
+    @staticmethod
+    def check_optional_floats(run_id: str, step: Step) -> None:
+        """NonFiniteValueError for a NaN or infinity in a step's optional float fields, which
+        serialise as null and so look unchanged; O(1), for steps whose JSON did not change."""
+        for name in ("started_at", "completed_at"):
+            v = getattr(step, name)
+            if isinstance(v, float) and not math.isfinite(v):
+                raise NonFiniteValueError(run_id, step.id, name,
+                                          f"{v!r} is not a number JSON can hold (it would be "
+                                          "written as null, which a load returns as None)")
 
     @staticmethod
     def model_json_of(model: BaseModel, run_id: str, step_id: str | None, prefix: str = "",

@@ -1,0 +1,112 @@
+"""Group commit: changes that arrive while a record is being written share the next record.
+
+A journal record costs one fsync'd file on disk (one PUT on S3) whatever it holds, so when
+many callers commit at once (an async agent with 64 steps in flight) the cost that matters is
+the number of records, not their size. `GroupCommitter` queues each caller's `GroupPart` and
+writes everything queued so far as ONE record on a single writer (the caller's one-thread
+executor); parts that arrive meanwhile wait for the next record. There is no batch window:
+an idle committer writes a lone part at once, so a paid tool result is never held back to
+wait for company. Each part's future resolves only once the record holding it is durable;
+that is each caller's acknowledgement.
+
+Why batching is safe for ordering: parts are taken in the order they were queued and every
+record is written after the one before it, so a change is never durable before one queued
+ahead of it. A caller that releases dependent work only after its own future resolved (as
+the agent does) cannot have a dependant's change in the same record as its dependency's.
+
+Errors, decided per part so one bad step does not sink the others in its record:
+
+* a part the store would refuse on its own (a value no load could give back, an invalid id,
+  no saved state) is refused before the record is assembled: only that part fails;
+* a record refused as a whole for its content (too large, an invalid graph: a ValueError,
+  raised before anything is written) is split and each part is committed alone, so the
+  innocent ones still land and the guilty one gets its own error;
+* anything else (ConflictError, an I/O error, the version limit) fails every part of the
+  record with the same error: committing them alone would meet it again. Tool-log parts are
+  the exception on a ConflictError: a paid result is retried through `log_tool_call`, which
+  rebases on the winner's records as it always did.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ckptfs.format.models import AgentRun, Step, ToolCall
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class GroupPart:
+    """One caller's share of a grouped record: its steps (and the run-level fields, with a
+    run) or its tool-log appends. `future` resolves to the version that made it durable."""
+
+    run_id: str
+    run: AgentRun | None = None
+    steps: list[Step] = field(default_factory=list)
+    tool_calls: list[tuple[str, ToolCall]] = field(default_factory=list)  # (step id, call)
+    future: concurrent.futures.Future[int] = field(default_factory=concurrent.futures.Future)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc)
+
+    def done(self, version: int) -> None:
+        if not self.future.done():
+            self.future.set_result(version)
+
+
+class CommitsMany(Protocol):
+    """What the committer writes through: `CheckpointStore.commit_many`."""
+
+    def commit_many(self, parts: Sequence[GroupPart]) -> None: ...
+
+
+class GroupCommitter:
+    """A queue of commits written as few records as possible on one writer thread.
+
+    `submit(...)` queues a part and returns its future at once; if no write is queued on the
+    executor yet, it queues one. That write takes everything queued so far (of every run,
+    one record per run), so whatever arrives while it runs waits for the next write: one
+    record per round trip to the disk, however many callers. The executor should run one
+    task at a time (a one-thread pool): then records are written in the order they were
+    queued, and in order with anything else the executor runs.
+    """
+
+    def __init__(self, store: CommitsMany, executor: concurrent.futures.Executor) -> None:
+        self.store = store
+        self.executor = executor
+        self._lock = threading.Lock()
+        self._queue: list[GroupPart] = []
+        self._scheduled = False
+        self.writes = 0  # grouped writes made (at most one record each), for benchmarks and tests
+        self.parts = 0  # parts handed to them
+
+    def submit(self, run_id: str, *, run: AgentRun | None = None, steps: Iterable[Step] = (),
+               tool_calls: Iterable[tuple[str, ToolCall]] = ()) -> concurrent.futures.Future[int]:
+        """Queue a commit; the future resolves to its version once it is durable (or fails)."""
+        part = GroupPart(run_id, run, list(steps), list(tool_calls))
+        with self._lock:
+            self._queue.append(part)
+            if not self._scheduled:
+                self._scheduled = True
+                try:
+                    self.executor.submit(self._drain)
+                except BaseException:
+                    self._scheduled = False
+                    self._queue.remove(part)
+                    raise
+        return part.future
+
+    def _drain(self) -> None:
+        with self._lock:
+            batch, self._queue = self._queue, []
+            self._scheduled = False
+        self.store.commit_many(batch)
+        self.writes += len({p.run_id for p in batch})
+        self.parts += len(batch)
