@@ -27,6 +27,8 @@ if TYPE_CHECKING:
         DecodeLimitError,
         InvalidIdError,
         LeaseLostError,
+        RetriesExhaustedError,
+        RunStoppedError,
         StepCompletedError,
         StorageUnavailableError,
         UnsupportedFormatError,
@@ -52,13 +54,8 @@ if TYPE_CHECKING:
     from ckptfs.replication.mirror import mirror
     from ckptfs.replication.report import MirrorReport, RestoreReport
     from ckptfs.replication.restore import restore, restore_points
-    from ckptfs.runtime.agent import (
-        CheckpointedAgent,
-        ProgressEvent,
-        RetriesExhaustedError,
-        RunStoppedError,
-        StepResult,
-    )
+    from ckptfs.runtime.agent import CheckpointedAgent
+    from ckptfs.runtime.execution import ProgressEvent, StepResult
     from ckptfs.runtime.policy import (
         CheckpointPolicy,
         RetryPolicy,
@@ -120,20 +117,20 @@ _LAZY: dict[str, str] = {
     "LeaseManager": "ckptfs.store.leases",
     "MirrorJob": "ckptfs.replication.job",
     "MirrorReport": "ckptfs.replication.report",
-    "ProgressEvent": "ckptfs.runtime.agent",
+    "ProgressEvent": "ckptfs.runtime.execution",
     "PruneReport": "ckptfs.maintenance.prune",
     "Report": "ckptfs.maintenance.verify",
     "RestoreReport": "ckptfs.replication.report",
     "ResumeBrief": "ckptfs.runtime.resume",
     "RetentionResult": "ckptfs.store.retention",
-    "RetriesExhaustedError": "ckptfs.runtime.agent",
+    "RetriesExhaustedError": "ckptfs.errors",
     "RetryPolicy": "ckptfs.runtime.policy",
     "RetryingStorage": "ckptfs.storage.retry",
-    "RunStoppedError": "ckptfs.runtime.agent",
+    "RunStoppedError": "ckptfs.errors",
     "Settings": "ckptfs.config",
     "Step": "ckptfs.format.models",
     "StepCompletedError": "ckptfs.errors",
-    "StepResult": "ckptfs.runtime.agent",
+    "StepResult": "ckptfs.runtime.execution",
     "StepStatus": "ckptfs.format.models",
     "Storage": "ckptfs.storage.base",
     "StorageUnavailableError": "ckptfs.errors",

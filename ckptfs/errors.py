@@ -211,3 +211,22 @@ class VersionNotFoundError(CkptfsError, LookupError):
         self.run_id = run_id
         self.version = version
         super().__init__(f"run {run_id!r}: version {version} is not available")
+
+
+class RunStoppedError(CkptfsError):
+    """The run stopped at a step it could not get past; its checkpoint is intact for a resume."""
+
+    def __init__(self, run_id: str, step_id: str, attempts: int, cause: BaseException,
+                 why: str = "") -> None:
+        self.run_id = run_id
+        self.step_id = step_id
+        self.attempts = attempts
+        self.cause = cause
+        why = why or f"failed {attempts} time(s), last with {type(cause).__name__}: {cause}"
+        super().__init__(
+            f"run {run_id!r}: step {step_id!r} {why}. The run is stopped with its checkpoint "
+            f"intact; resume_run({run_id!r}) continues at this step")
+
+
+class RetriesExhaustedError(RunStoppedError):
+    """A step failed on every attempt this process had (RetryPolicy.on_exhausted="stop")."""

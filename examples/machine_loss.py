@@ -44,10 +44,11 @@ from papers_agent import (  # noqa: E402
 
 from backends.s3.embedded import EmbeddedS3  # noqa: E402
 from ckptfs import CheckpointStore  # noqa: E402
+from ckptfs.errors import RunStoppedError  # noqa: E402
 from ckptfs.replication.job import MirrorJob  # noqa: E402
 from ckptfs.replication.report import MirrorReport  # noqa: E402
 from ckptfs.replication.restore import restore  # noqa: E402
-from ckptfs.runtime.agent import ProgressEvent, RunStoppedError  # noqa: E402
+from ckptfs.runtime.execution import ProgressEvent  # noqa: E402
 
 
 def _papers(run: Any) -> set[int]:

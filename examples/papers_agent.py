@@ -33,7 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus, ToolCall  # noqa: E402
-from ckptfs.runtime.agent import CheckpointedAgent, ProgressEvent, RetriesExhaustedError, StepResult  # noqa: E402
+from ckptfs.errors import RetriesExhaustedError  # noqa: E402
+from ckptfs.runtime.agent import CheckpointedAgent  # noqa: E402
+from ckptfs.runtime.execution import ProgressEvent, StepResult  # noqa: E402
 from ckptfs.runtime.policy import RetryPolicy  # noqa: E402
 
 PAPERS = 500

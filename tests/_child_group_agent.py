@@ -14,7 +14,8 @@ import random
 import sys
 
 from ckptfs import CheckpointStore, CompactionPolicy, Step, ToolCall
-from ckptfs.runtime.agent import CheckpointedAgent, ProgressEvent
+from ckptfs.runtime.agent import CheckpointedAgent
+from ckptfs.runtime.execution import ProgressEvent
 
 STEPS = 20_000
 

@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 
 from ckptfs import CheckpointStore, Step, StepStatus, ToolCall
-from ckptfs.runtime.agent import CheckpointedAgent, ProgressEvent, RetriesExhaustedError, StepResult
+from ckptfs.errors import RetriesExhaustedError
+from ckptfs.runtime.agent import CheckpointedAgent
+from ckptfs.runtime.execution import ProgressEvent, StepResult
 from ckptfs.runtime.policy import CheckpointPolicy, RetryPolicy
 
 FAST = RetryPolicy(max_attempts=3, base_delay=0.0, jitter=0.0)

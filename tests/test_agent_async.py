@@ -27,7 +27,8 @@ if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
 
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus, ToolCall  # noqa: E402
-from ckptfs.runtime.agent import CheckpointedAgent, RetriesExhaustedError  # noqa: E402
+from ckptfs.errors import RetriesExhaustedError  # noqa: E402
+from ckptfs.runtime.agent import CheckpointedAgent  # noqa: E402
 from ckptfs.runtime.policy import RetryPolicy  # noqa: E402
 
 WIDTH = 8

@@ -24,7 +24,8 @@ import pytest
 
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus, ToolCall
 from ckptfs.errors import ConflictError, NonFiniteValueError
-from ckptfs.runtime.agent import CheckpointedAgent, ProgressEvent
+from ckptfs.runtime.agent import CheckpointedAgent
+from ckptfs.runtime.execution import ProgressEvent
 from ckptfs.store.group_commit import GroupCommitter, GroupPart
 
 

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from ckptfs import CheckpointStore, Step, StepStatus, ToolCall
-from ckptfs.runtime.agent import CheckpointedAgent, RetriesExhaustedError
+from ckptfs.errors import RetriesExhaustedError
+from ckptfs.runtime.agent import CheckpointedAgent
 from ckptfs.runtime.policy import RetryPolicy
 from ckptfs.runtime.resume import ResumeBrief, build_brief
 

@@ -22,7 +22,8 @@ if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
 
 from ckptfs import AgentRun, CheckpointStore, Step, ToolCall  # noqa: E402
-from ckptfs.runtime.agent import CheckpointedAgent, RunStoppedError  # noqa: E402
+from ckptfs.errors import RunStoppedError  # noqa: E402
+from ckptfs.runtime.agent import CheckpointedAgent  # noqa: E402
 from ckptfs.runtime.tools import (  # noqa: E402
     Done,
     IdempotentToolRunner,

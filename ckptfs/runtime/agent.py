@@ -26,23 +26,26 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import heapq
 import inspect
 import logging
 import random
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
-from ckptfs.errors import CkptfsError, NonFiniteValueError, UnstorableValueError
-from ckptfs.format import codec
+from ckptfs.errors import RetriesExhaustedError, RunStoppedError, UnstorableValueError
 from ckptfs.format.models import AgentRun, Step, StepStatus, ToolCall
+from ckptfs.runtime.execution import (
+    AsyncExecutor,
+    Execution,
+    Executor,
+    ProgressCallback,
+    ProgressEvent,
+    complete_step,
+)
 from ckptfs.runtime.host import CURRENT_STEP
 from ckptfs.runtime.policy import CheckpointPolicy, RetryPolicy
 from ckptfs.runtime.resume import (
-    SKIP_REASON,
     STRATEGIES,
     TOOL_LOG_START,
     build_brief,
@@ -59,180 +62,6 @@ from ckptfs.store.group_commit import GroupCommitter
 
 logger = logging.getLogger(__name__)
 
-
-
-@dataclass
-class StepResult:
-    """What an executor may return instead of a plain string, to report what the step cost."""
-
-    result: str
-    tokens: int = 0
-    cost_usd: float = 0.0
-
-
-@dataclass(frozen=True)
-class ProgressEvent:
-    """One thing that happened in a run, for a progress callback (a bar, a metrics counter)."""
-
-    kind: str  # run_started, step_started, step_completed, step_retry, step_failed, step_skipped,
-    #            checkpoint, run_paused, run_stopped, run_finished
-    run_id: str
-    step_id: str | None
-    completed: int
-    total: int
-    attempt: int = 0
-    message: str = ""
-    delay: float | None = None
-
-
-ProgressCallback = Callable[[ProgressEvent], None]
-Executor = Callable[[Step, list[ToolCall]], Any]
-AsyncExecutor = Callable[[Step, list[ToolCall]], Awaitable[Any]]
-
-
-class RunStoppedError(CkptfsError):
-    """The run stopped at a step it could not get past; its checkpoint is intact for a resume."""
-
-    def __init__(self, run_id: str, step_id: str, attempts: int, cause: BaseException,
-                 why: str = "") -> None:
-        self.run_id = run_id
-        self.step_id = step_id
-        self.attempts = attempts
-        self.cause = cause
-        why = why or f"failed {attempts} time(s), last with {type(cause).__name__}: {cause}"
-        super().__init__(
-            f"run {run_id!r}: step {step_id!r} {why}. The run is stopped with its checkpoint "
-            f"intact; resume_run({run_id!r}) continues at this step")
-
-
-class RetriesExhaustedError(RunStoppedError):
-    """A step failed on every attempt this process had (RetryPolicy.on_exhausted="stop")."""
-
-
-@dataclass
-class _Execution:
-    """The in-memory schedule of one execute_run: ready queue, retry timers, uncommitted steps."""
-
-    run: AgentRun
-    policy: CheckpointPolicy
-    retry: RetryPolicy
-    callback: ProgressCallback | None
-    rng: random.Random
-    dependants: dict[str, list[str]] = field(default_factory=dict)
-    deps_left: dict[str, int] = field(default_factory=dict)
-    ready: deque[str] = field(default_factory=deque)
-    delayed: list[tuple[float, int, str]] = field(default_factory=list)
-    attempts: dict[str, int] = field(default_factory=dict)
-    dirty: dict[str, Step] = field(default_factory=dict)
-    finished_since_commit: int = 0
-    running: dict[str, Step] = field(default_factory=dict)
-    marked: set[str] = field(default_factory=set)
-    completed: int = 0
-    failed: int = 0
-    stop_error: RunStoppedError | None = None
-    pause_requested: bool = False
-    seq: int = 0
-
-    @property
-    def stopping(self) -> bool:
-        return self.stop_error is not None or self.pause_requested
-
-    def take(self, extra: list[Step] | None = None) -> list[Step]:
-        """Everything not yet committed (plus `extra`), to go into one commit."""
-        batch = list(self.dirty.values())
-        if extra:
-            batch += [s for s in extra if s.id not in self.dirty]
-        self.dirty = {}
-        self.finished_since_commit = 0
-        return batch
-
-    def next_ready(self) -> str | None:
-        if self.delayed and self.delayed[0][0] <= time.monotonic():
-            _, _, sid = heapq.heappop(self.delayed)
-            return sid
-        return self.ready.popleft() if self.ready else None
-
-    def next_delay(self) -> float | None:
-        if not self.delayed:
-            return None
-        return max(0.0, self.delayed[0][0] - time.monotonic())
-
-    def retry_later(self, sid: str, delay: float) -> None:
-        self.seq += 1
-        heapq.heappush(self.delayed, (time.monotonic() + delay, self.seq, sid))
-
-    def complete(self, sid: str) -> None:
-        steps = self.run.steps
-        for d in self.dependants.get(sid, ()):
-            left = self.deps_left.get(d)
-            if left is None:
-                continue
-            left -= 1
-            self.deps_left[d] = left
-            if left == 0 and steps[d].status == StepStatus.PENDING:
-                self.ready.append(d)
-
-    def skip_downstream(self, sid: str) -> list[Step]:
-        """Pending steps downstream of a failed one become SKIPPED, each naming the failed step."""
-        steps = self.run.steps
-        out: list[Step] = []
-        queue = deque([sid])
-        while queue:
-            cur = queue.popleft()
-            for d in self.dependants.get(cur, ()):
-                step = steps[d]
-                if step.status != StepStatus.PENDING:
-                    continue
-                reason = f"dependency {sid!r} failed" if cur == sid else \
-                    f"dependency {cur!r} was skipped (root cause: {sid!r} failed)"
-                step.status = StepStatus.SKIPPED
-                step.error = f"skipped: {reason}"
-                step.metadata[SKIP_REASON] = reason
-                step.completed_at = time.time()
-                self.deps_left.pop(d, None)
-                out.append(step)
-                queue.append(d)
-        return out
-
-
-def _unpack(out: Any) -> tuple[str, int, float]:
-    if isinstance(out, StepResult):
-        return out.result, int(out.tokens), float(out.cost_usd)
-    if isinstance(out, str):
-        return out, 0, 0.0
-    if out is None:
-        return "", 0, 0.0
-    return str(out), 0, 0.0
-
-
-def complete_step(step: Step, out: Any, run_id: str | None = None) -> None:
-    """Record an executor's output on its step (the agent's and a Worker's one meaning of done).
-
-    Assignments are validated (Step has validate_assignment), so no-op ones are skipped.
-    An output no load could give back (a NaN or infinite cost, a token count JSON cannot hold)
-    raises UnstorableValueError before the step is touched: recorded, it would only be refused
-    at commit, with the step already marked done and the run's totals turned NaN too.
-    """
-    try:
-        result, tokens, cost = _unpack(out)
-    except (TypeError, ValueError, OverflowError) as exc:  # int(nan), float("x"), int(inf)
-        raise UnstorableValueError(run_id, step.id, "executor output",
-                                   f"tokens or cost_usd unreadable: {type(exc).__name__}: {exc}") from None
-    for name, value in (("cost_usd", step.cost_usd + cost), ("tokens", step.tokens + tokens)):
-        got = codec.json_problem(value, name)
-        if got is not None:
-            cls = NonFiniteValueError if got.nonfinite else UnstorableValueError
-            raise cls(run_id, step.id, name, f"the executor reported a value a load could not give "
-                                             f"back: {got.reason}")
-    step.result = result
-    if tokens:
-        step.tokens += tokens
-    if cost:
-        step.cost_usd += cost
-    step.status = StepStatus.COMPLETED
-    step.completed_at = time.time()
-    if step.error is not None:
-        step.error = None
 
 
 class CheckpointedAgent:
@@ -263,7 +92,7 @@ class CheckpointedAgent:
         self.on_progress = on_progress
         self.checkpoint_every_n = policy.every_n
         self._rng = random.Random(self.retry.seed)
-        self._active: dict[str, _Execution] = {}
+        self._active: dict[str, Execution] = {}
         self._known: set[str] = set()
         self._tool_logs = ToolLogs(checkpoint_store, self._tool_log_start)
         self._io_pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -403,7 +232,7 @@ class CheckpointedAgent:
         self._after_finish(ex)
         return run
 
-    def _run_step(self, ex: _Execution, step: Step, executor: Executor) -> None:
+    def _run_step(self, ex: Execution, step: Step, executor: Executor) -> None:
         plan = self._start_attempt(ex, step)
         if plan:
             self._commit(ex, plan)
@@ -475,7 +304,7 @@ class CheckpointedAgent:
         self._after_finish(ex)
         return run
 
-    async def _arun_step(self, ex: _Execution, step: Step, executor: AsyncExecutor) -> None:
+    async def _arun_step(self, ex: Execution, step: Step, executor: AsyncExecutor) -> None:
         plan = self._start_attempt(ex, step)
         if plan:
             await self._acommit(ex, plan)
@@ -499,7 +328,7 @@ class CheckpointedAgent:
     # ------------------------------------------------------------------ shared machinery
 
     def _begin(self, run: AgentRun, on_progress: ProgressCallback | None,
-               defer_commit: bool = False) -> _Execution:
+               defer_commit: bool = False) -> Execution:
         if run.run_id in self._active:
             raise RuntimeError(f"run {run.run_id!r} is already executing in this agent")
         if run.status == "superseded":
@@ -508,7 +337,7 @@ class CheckpointedAgent:
         if run.run_id not in self._known:
             self.store.save_run(run)  # a run this agent never saw: make all of it durable once
             self._known.add(run.run_id)
-        ex = _Execution(run, self.policy, self.retry, on_progress or self.on_progress, self._rng)
+        ex = Execution(run, self.policy, self.retry, on_progress or self.on_progress, self._rng)
         for step in requeue_interrupted(run):
             ex.dirty[step.id] = step
         steps = run.steps
@@ -544,7 +373,7 @@ class CheckpointedAgent:
                 raise
         return ex
 
-    def _start_attempt(self, ex: _Execution, step: Step) -> list[Step] | None:
+    def _start_attempt(self, ex: Execution, step: Step) -> list[Step] | None:
         limit = ex.retry.max_total_attempts
         if limit is not None and step.attempt_count >= limit:
             step.error = f"gave up after {step.attempt_count} attempts across restarts"
@@ -564,19 +393,19 @@ class CheckpointedAgent:
             return [step]
         return None
 
-    def _account(self, ex: _Execution, step: Step, tokens0: int, cost0: float) -> None:
+    def _account(self, ex: Execution, step: Step, tokens0: int, cost0: float) -> None:
         dt, dc = step.tokens - tokens0, step.cost_usd - cost0
         if dt:
             ex.run.total_tokens += dt
         if dc:
             ex.run.total_cost_usd += dc
 
-    def _end_attempt(self, ex: _Execution, step: Step) -> None:
+    def _end_attempt(self, ex: Execution, step: Step) -> None:
         ex.running.pop(step.id, None)
         ex.marked.discard(step.id)
         self._tool_logs.forget(ex.run.run_id, step.id)
 
-    def _after_success(self, ex: _Execution, step: Step, out: Any, tokens0: int,
+    def _after_success(self, ex: Execution, step: Step, out: Any, tokens0: int,
                        cost0: float) -> list[Step] | None:
         try:
             complete_step(step, out, ex.run.run_id)
@@ -591,7 +420,7 @@ class CheckpointedAgent:
             return ex.take()
         return None
 
-    def _release(self, ex: _Execution, step: Step) -> None:
+    def _release(self, ex: Execution, step: Step) -> None:
         """A completed step's acknowledgement: its dependants become ready, `step_completed` fires.
 
         Called after the step's commit returned (when the policy commits it), never before:
@@ -608,7 +437,7 @@ class CheckpointedAgent:
             self._emit(ex, "step_completed", step)
         logger.debug("run %s: step %s completed (attempt %d)", ex.run.run_id, step.id, step.attempt_count)
 
-    def _after_failure(self, ex: _Execution, step: Step, exc: Exception, tokens0: int,
+    def _after_failure(self, ex: Execution, step: Step, exc: Exception, tokens0: int,
                        cost0: float) -> list[Step]:
         self._account(ex, step, tokens0, cost0)
         self._end_attempt(ex, step)
@@ -640,7 +469,7 @@ class CheckpointedAgent:
             return self._fail(ex, step, step.error)
         return self._stop(ex, step, RetriesExhaustedError(ex.run.run_id, step.id, n, exc))
 
-    def _refused_output(self, ex: _Execution, step: Step, exc: UnstorableValueError) -> list[Step]:
+    def _refused_output(self, ex: Execution, step: Step, exc: UnstorableValueError) -> list[Step]:
         """An executor output the store cannot keep stops the run at its step.
 
         Retrying would only run the executor again for the same output, and failing the step
@@ -656,7 +485,7 @@ class CheckpointedAgent:
             ex.run.run_id, step.id, n, exc,
             f"returned an output the store cannot keep ({exc.field}: {exc.reason})"))
 
-    def _stop(self, ex: _Execution, step: Step, error: RunStoppedError) -> list[Step]:
+    def _stop(self, ex: Execution, step: Step, error: RunStoppedError) -> list[Step]:
         step.status = StepStatus.PENDING
         step.started_at = None
         ex.run.status = "failed"
@@ -669,7 +498,7 @@ class CheckpointedAgent:
         self._emit(ex, "run_stopped", step, step.error or "")
         return ex.take([step])
 
-    def _fail(self, ex: _Execution, step: Step, error: str) -> list[Step]:
+    def _fail(self, ex: Execution, step: Step, error: str) -> list[Step]:
         self._end_attempt(ex, step)
         step.status = StepStatus.FAILED
         step.error = error
@@ -687,7 +516,7 @@ class CheckpointedAgent:
                            len(skipped), step.id)
         return ex.take()
 
-    def _finish(self, ex: _Execution) -> list[Step]:
+    def _finish(self, ex: Execution) -> list[Step]:
         run = ex.run
         if ex.stop_error is None:
             if ex.pause_requested:
@@ -700,7 +529,7 @@ class CheckpointedAgent:
             run.updated_at = time.time()
         return ex.take()
 
-    def _after_finish(self, ex: _Execution) -> None:
+    def _after_finish(self, ex: Execution) -> None:
         run = ex.run
         if ex.stop_error is not None:
             raise ex.stop_error
@@ -709,7 +538,7 @@ class CheckpointedAgent:
                     ex.completed, len(run.steps), ex.failed, run.total_tokens)
         self._emit(ex, kind, None, run.status)
 
-    def _flush_after_crash(self, ex: _Execution) -> None:
+    def _flush_after_crash(self, ex: Execution) -> None:
         """On an interrupt (KeyboardInterrupt, cancellation): keep the finished work, best effort."""
         batch = ex.take()
         if not batch:
@@ -720,7 +549,7 @@ class CheckpointedAgent:
             logger.exception("run %s: could not save %d finished steps while stopping", ex.run.run_id,
                              len(batch))
 
-    def _commit(self, ex: _Execution, steps: list[Step]) -> None:
+    def _commit(self, ex: Execution, steps: list[Step]) -> None:
         try:
             self.store.commit(ex.run, steps)
         except BaseException:
@@ -730,7 +559,7 @@ class CheckpointedAgent:
         if ex.callback is not None and steps:
             self._emit(ex, "checkpoint", None, f"{len(steps)} step(s)")
 
-    async def _acommit(self, ex: _Execution, steps: list[Step]) -> None:
+    async def _acommit(self, ex: Execution, steps: list[Step]) -> None:
         """`_commit` off the loop, group-committed with whatever else is being committed."""
         try:
             await self._agroup(ex.run.run_id, run=ex.run, steps=steps)
@@ -748,7 +577,7 @@ class CheckpointedAgent:
             self.store.save_run(run)
             self._known.add(run.run_id)
 
-    def _emit(self, ex: _Execution, kind: str, step: Step | None, message: str = "",
+    def _emit(self, ex: Execution, kind: str, step: Step | None, message: str = "",
               delay: float | None = None) -> None:
         if ex.callback is None:
             return
@@ -819,7 +648,7 @@ class CheckpointedAgent:
         step = ex.run.steps.get(step_id) if ex is not None else None
         return int(step.metadata.get(TOOL_LOG_START, 0)) if step is not None else 0
 
-    def _tool_plan(self, run_id: str, step_id: str, when: str, force: bool) -> tuple[_Execution,
+    def _tool_plan(self, run_id: str, step_id: str, when: str, force: bool) -> tuple[Execution,
                                                                                       list[Step]] | None:
         ex = self._active.get(run_id)
         step = ex.running.get(step_id) if ex is not None else None

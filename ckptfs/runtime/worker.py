@@ -42,7 +42,7 @@ from typing import Any
 
 from ckptfs.errors import ConflictError, LeaseLostError, RunNotFoundError, StepCompletedError
 from ckptfs.format.models import TERMINAL_STATUSES, AgentRun, Step, StepStatus, ToolCall
-from ckptfs.runtime.agent import Executor, StepResult, complete_step
+from ckptfs.runtime.execution import Executor, StepResult, complete_step
 from ckptfs.runtime.host import CURRENT_STEP
 from ckptfs.runtime.policy import RetryPolicy
 from ckptfs.runtime.resume import SKIP_REASON, TOOL_LOG_START, downstream

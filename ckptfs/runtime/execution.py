@@ -1,0 +1,178 @@
+"""What running a step graph is made of: an executor's output, progress events, and the schedule.
+
+`Execution` is the in-memory schedule of one run being executed (ready queue by dependency
+counts, retry timers, what is not yet committed); `complete_step` is the one meaning of "done"
+the agent and a Worker share; `StepResult` and `ProgressEvent` are what executors and progress
+callbacks see. Nothing here writes: the agent decides when to commit.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptfs.errors import NonFiniteValueError, RunStoppedError, UnstorableValueError
+from ckptfs.format import codec
+from ckptfs.format.models import AgentRun, Step, StepStatus, ToolCall
+from ckptfs.runtime.policy import CheckpointPolicy, RetryPolicy
+from ckptfs.runtime.resume import SKIP_REASON
+
+
+@dataclass
+class StepResult:
+    """What an executor may return instead of a plain string, to report what the step cost."""
+
+    result: str
+    tokens: int = 0
+    cost_usd: float = 0.0
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """One thing that happened in a run, for a progress callback (a bar, a metrics counter)."""
+
+    kind: str  # run_started, step_started, step_completed, step_retry, step_failed, step_skipped,
+    #            checkpoint, run_paused, run_stopped, run_finished
+    run_id: str
+    step_id: str | None
+    completed: int
+    total: int
+    attempt: int = 0
+    message: str = ""
+    delay: float | None = None
+
+
+ProgressCallback = Callable[[ProgressEvent], None]
+Executor = Callable[[Step, list[ToolCall]], Any]
+AsyncExecutor = Callable[[Step, list[ToolCall]], Awaitable[Any]]
+
+
+@dataclass
+class Execution:
+    """The in-memory schedule of one execute_run: ready queue, retry timers, uncommitted steps."""
+
+    run: AgentRun
+    policy: CheckpointPolicy
+    retry: RetryPolicy
+    callback: ProgressCallback | None
+    rng: random.Random
+    dependants: dict[str, list[str]] = field(default_factory=dict)
+    deps_left: dict[str, int] = field(default_factory=dict)
+    ready: deque[str] = field(default_factory=deque)
+    delayed: list[tuple[float, int, str]] = field(default_factory=list)
+    attempts: dict[str, int] = field(default_factory=dict)
+    dirty: dict[str, Step] = field(default_factory=dict)
+    finished_since_commit: int = 0
+    running: dict[str, Step] = field(default_factory=dict)
+    marked: set[str] = field(default_factory=set)
+    completed: int = 0
+    failed: int = 0
+    stop_error: RunStoppedError | None = None
+    pause_requested: bool = False
+    seq: int = 0
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_error is not None or self.pause_requested
+
+    def take(self, extra: list[Step] | None = None) -> list[Step]:
+        """Everything not yet committed (plus `extra`), to go into one commit."""
+        batch = list(self.dirty.values())
+        if extra:
+            batch += [s for s in extra if s.id not in self.dirty]
+        self.dirty = {}
+        self.finished_since_commit = 0
+        return batch
+
+    def next_ready(self) -> str | None:
+        if self.delayed and self.delayed[0][0] <= time.monotonic():
+            _, _, sid = heapq.heappop(self.delayed)
+            return sid
+        return self.ready.popleft() if self.ready else None
+
+    def next_delay(self) -> float | None:
+        if not self.delayed:
+            return None
+        return max(0.0, self.delayed[0][0] - time.monotonic())
+
+    def retry_later(self, sid: str, delay: float) -> None:
+        self.seq += 1
+        heapq.heappush(self.delayed, (time.monotonic() + delay, self.seq, sid))
+
+    def complete(self, sid: str) -> None:
+        steps = self.run.steps
+        for d in self.dependants.get(sid, ()):
+            left = self.deps_left.get(d)
+            if left is None:
+                continue
+            left -= 1
+            self.deps_left[d] = left
+            if left == 0 and steps[d].status == StepStatus.PENDING:
+                self.ready.append(d)
+
+    def skip_downstream(self, sid: str) -> list[Step]:
+        """Pending steps downstream of a failed one become SKIPPED, each naming the failed step."""
+        steps = self.run.steps
+        out: list[Step] = []
+        queue = deque([sid])
+        while queue:
+            cur = queue.popleft()
+            for d in self.dependants.get(cur, ()):
+                step = steps[d]
+                if step.status != StepStatus.PENDING:
+                    continue
+                reason = f"dependency {sid!r} failed" if cur == sid else \
+                    f"dependency {cur!r} was skipped (root cause: {sid!r} failed)"
+                step.status = StepStatus.SKIPPED
+                step.error = f"skipped: {reason}"
+                step.metadata[SKIP_REASON] = reason
+                step.completed_at = time.time()
+                self.deps_left.pop(d, None)
+                out.append(step)
+                queue.append(d)
+        return out
+
+
+def unpack_output(out: Any) -> tuple[str, int, float]:
+    if isinstance(out, StepResult):
+        return out.result, int(out.tokens), float(out.cost_usd)
+    if isinstance(out, str):
+        return out, 0, 0.0
+    if out is None:
+        return "", 0, 0.0
+    return str(out), 0, 0.0
+
+
+def complete_step(step: Step, out: Any, run_id: str | None = None) -> None:
+    """Record an executor's output on its step (the agent's and a Worker's one meaning of done).
+
+    Assignments are validated (Step has validate_assignment), so no-op ones are skipped.
+    An output no load could give back (a NaN or infinite cost, a token count JSON cannot hold)
+    raises UnstorableValueError before the step is touched: recorded, it would only be refused
+    at commit, with the step already marked done and the run's totals turned NaN too.
+    """
+    try:
+        result, tokens, cost = unpack_output(out)
+    except (TypeError, ValueError, OverflowError) as exc:  # int(nan), float("x"), int(inf)
+        raise UnstorableValueError(run_id, step.id, "executor output",
+                                   f"tokens or cost_usd unreadable: {type(exc).__name__}: {exc}") from None
+    for name, value in (("cost_usd", step.cost_usd + cost), ("tokens", step.tokens + tokens)):
+        got = codec.json_problem(value, name)
+        if got is not None:
+            cls = NonFiniteValueError if got.nonfinite else UnstorableValueError
+            raise cls(run_id, step.id, name, f"the executor reported a value a load could not give "
+                                             f"back: {got.reason}")
+    step.result = result
+    if tokens:
+        step.tokens += tokens
+    if cost:
+        step.cost_usd += cost
+    step.status = StepStatus.COMPLETED
+    step.completed_at = time.time()
+    if step.error is not None:
+        step.error = None
