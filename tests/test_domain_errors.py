@@ -4,6 +4,8 @@ KeyError/ValueError still do."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus, ToolCall
@@ -56,3 +58,25 @@ def test_a_non_finite_optional_time_is_refused_though_it_serialises_like_none(me
                 store.save_run(run)
             setattr(run.steps["a"], field, None)
     assert store.list_versions(run.run_id) == [v1]
+
+
+def test_an_unknown_run_is_not_found_for_every_command(tmp_path: Path) -> None:
+    """`--run nope` is the same error everywhere: code not-found, exit 2 (verify and prune said
+    `config`, while show and versions said `not-found`)."""
+    import json
+    import subprocess
+    import sys
+
+    url = tmp_path / "store"
+    store = CheckpointStore(str(url))
+    run = AgentRun(run_id="real", goal="g")
+    run.add_step(Step(id="a", title="a"))
+    store.save_run(run)
+    store.close()
+    exe = str(Path(sys.executable).parent / "ckptfs")
+    for argv in (["verify", str(url), "--run", "nope"],
+                 ["prune", str(url), "--keep-last", "1", "--run", "nope"],
+                 ["show", str(url), "nope"], ["versions", str(url), "nope"]):
+        done = subprocess.run([exe, *argv, "--json"], capture_output=True, text=True, timeout=60)
+        doc = json.loads(done.stdout)
+        assert (done.returncode, doc["error"]["code"]) == (2, "not-found"), (argv, doc)

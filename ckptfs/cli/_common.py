@@ -30,6 +30,7 @@ from ckptfs.errors import (
     ConflictError,
     CorruptFileError,
     InvalidIdError,
+    RunNotFoundError,
     StorageUnavailableError,
     VersionNotFoundError,
 )
@@ -122,7 +123,7 @@ def run_command(args: argparse.Namespace) -> int:
         return handler(args)
     except CliError as exc:
         return fail(exc.kind, str(exc), exc.code, exc.extra)
-    except VersionNotFoundError as exc:
+    except (VersionNotFoundError, RunNotFoundError) as exc:
         return fail("not-found", str(exc))
     except StorageUnavailableError as exc:
         return fail("unreachable", str(exc))

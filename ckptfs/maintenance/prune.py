@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ckptfs.errors import ConfigError, CorruptFileError
+from ckptfs.errors import ConfigError, CorruptFileError, RunNotFoundError
 from ckptfs.format.keys import ARTIFACTS, RUNS, artifact_key, classify, parse_artifact_key, run_dirs
 from ckptfs.format.models import ArtifactRef, validate_id
 from ckptfs.format.reader import collect_refs, decode_run_file
@@ -102,7 +102,7 @@ def prune(
     store = CheckpointStore(storage=storage, policy=CompactionPolicy(keep_last=keep_last, background=False))
     run_ids = sorted(listing.runs)
     if run_id is not None and not run_ids:
-        raise ConfigError(f"run {run_id!r} not found in {storage.display_url}")
+        raise RunNotFoundError(f"run {run_id!r} not found in {storage.display_url}")
     for rid in run_ids:
         result = store.apply_retention(rid, keep_last, dry_run=dry_run)
         if len(result.kept_snapshots) < keep_last:

@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ckptfs.errors import ConfigError
+from ckptfs.errors import ConfigError, RunNotFoundError
 from ckptfs.format import codec
 from ckptfs.format.keys import NAMESPACE_PLUGINS, RUNS, RunFile, artifact_key, classify
 from ckptfs.format.models import ArtifactRef, validate_id
@@ -254,7 +254,7 @@ def _verify(checker: _Checker, storage: Storage, report: Report, run_id: str | N
     keys = list_keys(storage, f"{RUNS}/{run_id}/" if run_id is not None else "")
     if not keys:
         if run_id is not None:
-            raise ConfigError(f"run {run_id!r} not found in {storage.display_url}")
+            raise RunNotFoundError(f"run {run_id!r} not found in {storage.display_url}")
         report.empty = True
         report.add("info", "empty", "nothing is stored under this URL")
         return
