@@ -186,14 +186,15 @@ def open_dir_beneath(root: str, parts: Sequence[str], *, create: bool = False,
     return fd
 
 
-def open_regular(dir_fd: int, name: str) -> tuple[int, os.stat_result]:
-    """Open `name` in `dir_fd` for reading and return (fd, fstat) only if it is a regular file.
+def open_regular(dir_fd: int | None, name: str, flags: int = READ_FLAGS,
+                 mode: int = 0o644) -> tuple[int, os.stat_result]:
+    """Open `name` (in `dir_fd`, or a path) and return (fd, fstat) only if it is a regular file.
 
     The open never follows a link (ELOOP) and never blocks on a FIFO; the fstat of what was
     opened (not a stat of the name before: no window for a swap) decides. Anything else is
     closed again and refused with `NotRegular`; the caller closes the fd it gets.
     """
-    fd = os.open(name, READ_FLAGS, dir_fd=dir_fd)
+    fd = os.open(name, flags, mode, dir_fd=dir_fd)
     try:
         st = os.fstat(fd)
     except BaseException:

@@ -37,7 +37,6 @@ import errno
 import fcntl
 import logging
 import os
-import stat
 import struct
 import threading
 import uuid
@@ -46,7 +45,15 @@ from collections.abc import Iterator, Sequence
 
 from ckptfs.errors import CorruptFileError, StoreNotWritableError, UnreadableFileError
 from ckptfs.storage.base import TEMP_MARKER
-from ckptfs.storage.fs import READ_FLAGS, LinkRefused, entry_kind, fsync_dir, make_dirs
+from ckptfs.storage.fs import (
+    READ_FLAGS,
+    LinkRefused,
+    NotRegular,
+    entry_kind,
+    fsync_dir,
+    make_dirs,
+    open_regular,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -71,21 +78,17 @@ def open_log(path: str, flags: int = READ_FLAGS, mode: int = 0o644) -> int:
     without bound. Both are UnreadableFileError (a CorruptFileError, named by the path).
     """
     try:
-        fd = os.open(path, flags, mode)
+        fd, _st = open_regular(None, path, flags, mode)
+    except NotRegular as exc:
+        raise UnreadableFileError(path, f"is {entry_kind(exc.mode)}, not a regular file") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UnreadableFileError(path, "is a symbolic link; links in a store are never "
                                             "followed") from None
         raise
-    try:
-        st = os.fstat(fd)
-    except BaseException:
-        os.close(fd)
-        raise
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise UnreadableFileError(path, f"is {entry_kind(st.st_mode)}, not a regular file")
     return fd
+
+
 _Ident = tuple[int, int]  # (st_dev, st_ino): a replaced file has another one
 
 

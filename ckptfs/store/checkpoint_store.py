@@ -490,7 +490,6 @@ class CheckpointStore:
             for p in parts:
                 p.fail(exc)
 
-
     def _group_locked(self, run_id: str, parts: list[GroupPart]) -> None:
         head = self._head(run_id)
         if head.shared:
@@ -545,7 +544,6 @@ class CheckpointStore:
         if len(accepted) > 1:
             logger.debug("run %s: v%d holds %d grouped commits", run_id, version, len(accepted))
 
-
     def _group_plan(self, run_id: str, head: Head, p: GroupPart) -> _GroupPlan | None:
         """Diff one part against the head (which it updates); on a refusal, undo it, fail the part
         and return None. What the store refuses for one part alone must not fail the others."""
@@ -570,7 +568,6 @@ class CheckpointStore:
             return None
         return part_changes, part_undo, part_pending, changed, calls
 
-
     def _group_refused(self, run_id: str, parts: list[GroupPart], exc: BaseException) -> None:
         """A record of several parts was refused: split it, or fail its parts (module docstring)."""
         if len(parts) > 1 and isinstance(exc, ValueError):
@@ -589,7 +586,6 @@ class CheckpointStore:
             else:
                 p.fail(exc)
 
-
     def _group_log_calls(self, p: GroupPart) -> None:
         try:
             version = 0
@@ -599,7 +595,6 @@ class CheckpointStore:
             p.fail(exc)
         else:
             p.done(version)
-
 
     def _group_alone_shared(self, p: GroupPart) -> None:
         """A part of a run others write too: the store's ordinary one-record paths."""
