@@ -397,7 +397,8 @@ import json, sys
 from ckptfs import AgentRun, CheckpointStore, CompactionPolicy, Step, StepStatus
 url, opts, big = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 # small thresholds: several snapshots and automatic retention (deletes) within a dozen commits
-policy = CompactionPolicy(fanout=4, max_plan=3, min_snapshot_bytes=1, keep_last=2)
+# fence_seconds=0: pruned journal records go at once (and each commit checks its base)
+policy = CompactionPolicy(fanout=4, max_plan=3, min_snapshot_bytes=1, keep_last=2, fence_seconds=0)
 store = CheckpointStore(url, opts, policy=policy)
 run = AgentRun(goal="check the IAM policy")
 for i in range(12):

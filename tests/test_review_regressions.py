@@ -3,6 +3,7 @@ crashed a load, or left a partial object. Real processes and real bytes, as ever
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import io
 import json
@@ -25,15 +26,19 @@ ROOT = str(Path(__file__).resolve().parent.parent)
 PRUNING = CompactionPolicy(fanout=4, max_plan=4, min_snapshot_bytes=1, keep_last=1, background=False)
 
 
-@pytest.mark.parametrize("backend", ["local", "s3"])  # s3: the base check runs beside the PUT
+# local: records go at once and every commit checks its base with two stats. s3: a pruned
+# record stays as a fence (the stale PUT itself is refused, one request); s3-expired: the
+# fences are gone and A's head is older than half the fence time, so A checks its base.
+@pytest.mark.parametrize("backend", ["local", "s3", "s3-expired"])
 def test_stale_writer_cannot_recreate_versions_retention_removed(tmp_path: Path, backend: str,
                                                                  request: pytest.FixtureRequest) -> None:
     if backend == "local":
         url, opts = str(tmp_path), {}
     else:
         url, opts = request.getfixturevalue("s3_url"), request.getfixturevalue("s3_opts")
-    a = CheckpointStore(url, opts, policy=PRUNING)
-    b = CheckpointStore(url, opts, policy=PRUNING)
+    policy = PRUNING if backend != "s3-expired" else dataclasses.replace(PRUNING, fence_seconds=0.4)
+    a = CheckpointStore(url, opts, policy=policy)
+    b = CheckpointStore(url, opts, policy=policy)
     run = AgentRun(run_id="r", goal="g", steps={"s1": Step(id="s1", title="t")})
     a.save_run(run)
     run_b = b.load_run("r")
@@ -43,11 +48,18 @@ def test_stale_writer_cannot_recreate_versions_retention_removed(tmp_path: Path,
     for i in range(12):  # B moves on; compaction and retention (keep 1) prune old records
         run_b.steps["s1"].description = f"B{i}"
         b.commit(run_b, ["s1"])
-    assert not a.storage.exists("runs/r/log/000000000002.ckpt")
+        if backend == "s3-expired" and i == 5:
+            time.sleep(0.5)  # the snapshots so far age past the fence time
+    fence = a.storage.exists("runs/r/log/000000000002.ckpt")
+    assert fence == (backend == "s3")
+    assert not a.storage.exists("runs/r/snap/000000000002.ckpt")
     run.steps["s1"].description = "stale A"
-    with pytest.raises(ConflictError, match="removed by retention"):
+    with pytest.raises(ConflictError, match="reload the run" if fence else "removed by retention"):
         a.commit(run, ["s1"])
-    assert not a.storage.exists("runs/r/log/000000000002.ckpt")  # the stale record was withdrawn
+    if fence:  # B's record is still there, untouched
+        assert b"stale A" not in codec.decompress(a.storage.get("runs/r/log/000000000002.ckpt"), "k")
+    else:
+        assert not a.storage.exists("runs/r/log/000000000002.ckpt")  # the stale record was withdrawn
     loaded = CheckpointStore(url, opts).load_run("r")
     assert loaded is not None and "b_only" in loaded.steps and loaded.steps["s1"].description == "B11"
     again = a.load_run("r")  # after reloading, A continues on top of B's work

@@ -111,7 +111,10 @@ def test_writers_that_rebase_keep_the_run_compacted(tmp_path: Path) -> None:
     run = fresh.load_run("r")
     assert run is not None and run.completed_count == 120
     assert fresh.last_load is not None and fresh.last_load.records_read <= 12
-    assert len(fresh.list_versions("r")) < 60  # retention ran too
+    # retention ran too: each writer prunes below the older of the 2 snapshots it knows (its
+    # own, and the other's it met at the same version and checked), without listing
+    versions = fresh.list_versions("r")
+    assert versions[0] > 30 and len(versions) < 90, versions
     for st in stores:
         st.close()
 

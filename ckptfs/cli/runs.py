@@ -335,14 +335,21 @@ def cmd_versions(args: argparse.Namespace) -> int:
     points = set(restore_points(storage, args.run_id))
     for i in infos:
         i.restore_point = i.version in points
+    # A journal record below the oldest snapshot that no load reaches is a fence retention
+    # keeps on a remote store for a while (store/retention.py): listed, not restorable.
+    oldest = min((i.version for i in infos if "snap" in i.kinds), default=0)
+    fences = {i.version for i in infos
+              if i.kinds == ["log"] and i.version < oldest and not i.restore_point}
     if args.json:
         emit_json({"url": storage.display_url, "run_id": args.run_id,
-                   "restore_points": sorted(points), "versions": [i.to_dict() for i in infos]})
+                   "restore_points": sorted(points), "fences": sorted(fences),
+                   "versions": [i.to_dict() for i in infos]})
         return EXIT_OK
     rows = []
     for i in infos:
         done = "-" if i.completed is None else f"{i.completed}/{i.total}"
-        rows.append([str(i.version), "+".join(i.kinds), timestamp(i.time), i.status or "-", done,
+        files = "+".join(i.kinds) + (" (fence)" if i.version in fences else "")
+        rows.append([str(i.version), files, timestamp(i.time), i.status or "-", done,
                      count(i.failed), "yes" if i.restore_point else "-",
                      i.writer or ("unreadable" if not i.readable else "-")])
     cols = [Col("version", justify="right"), Col("files"), Col("written", 5), Col("status", 4),

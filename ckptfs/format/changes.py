@@ -3,8 +3,9 @@
 A `Changes` value is what one commit changed (a journal record's body), what several
 consecutive commits changed (a delta's body), or everything (a snapshot's body): the same
 shape merges into itself, which is what makes leveled compaction a dictionary update.
-Fragments are the exact JSON bytes that go to storage; they are immutable, so the commit
-path and the background compactor share them without copying.
+Fragments are the exact JSON bytes that go to storage, or those bytes packed (codec.pack: a
+writer's replica of a long run holds them compressed); they are immutable, so the commit path
+and the background compactor share them without copying.
 
 Body layout: {"run": {...} | null, "steps": {id: {...}}, "removed": [id, ...],
               "tool_log": {step_id: [{...}, ...]}}
@@ -12,10 +13,11 @@ Body layout: {"run": {...} | null, "steps": {id: {...}}, "removed": [id, ...],
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfs.format.codec import dumps
+from ckptfs.format.codec import dumps, is_packed, pack, unpack
 
 
 @dataclass
@@ -39,32 +41,61 @@ class Changes:
         for sid, calls in later.tool_log.items():
             self.tool_log.setdefault(sid, []).extend(calls)
 
+    def packed(self) -> Changes:
+        """The same changes with every fragment packed (codec.pack; packed ones are kept)."""
+        return Changes(self.run,
+                       {sid: None if f is None else (f if is_packed(f) else pack(f))
+                        for sid, f in self.steps.items()},
+                       {sid: [c if is_packed(c) else pack(c) for c in calls]
+                        for sid, calls in self.tool_log.items()})
+
     def copy(self) -> Changes:
         return Changes(self.run, dict(self.steps),
                        {k: list(v) for k, v in self.tool_log.items()})
 
     def to_json(self) -> bytes:
         """The body bytes, assembled from fragments without parsing them."""
-        parts = [b'{"run":', self.run if self.run is not None else b"null", b',"steps":{']
+        return b"".join(self._fragments())
+
+    def chunks(self, size: int = 1 << 20) -> Iterator[bytes]:
+        """The same bytes as `to_json`, in pieces of about `size`: a snapshot of a large state
+        is hashed and compressed piece by piece (codec.encode_parts) instead of being joined
+        into one copy of the whole state, and each piece is big enough for hashlib and zstd
+        to work without the GIL."""
+        buf: list[bytes] = []
+        n = 0
+        for frag in self._fragments():
+            buf.append(frag)
+            n += len(frag)
+            if n >= size:
+                yield b"".join(buf)
+                buf, n = [], 0
+        if buf:
+            yield b"".join(buf)
+
+    def _fragments(self) -> Iterator[bytes]:
+        yield b'{"run":'
+        yield self.run if self.run is not None else b"null"
+        yield b',"steps":{'
         first = True
         removed: list[str] = []
         for sid, frag in self.steps.items():
             if frag is None:
                 removed.append(sid)
                 continue
-            if not first:
-                parts.append(b",")
+            yield (dumps(sid) + b":" if first else b"," + dumps(sid) + b":")
+            yield unpack(frag)
             first = False
-            parts += [dumps(sid), b":", frag]
-        parts += [b'},"removed":', dumps(removed), b',"tool_log":{']
+        yield b'},"removed":'
+        yield dumps(removed)
+        yield b',"tool_log":{'
         first = True
         for sid, calls in self.tool_log.items():
-            if not first:
-                parts.append(b",")
+            yield (b"" if first else b",") + dumps(sid) + b":["
+            yield b",".join(map(unpack, calls))
+            yield b"]"
             first = False
-            parts += [dumps(sid), b":[", b",".join(calls), b"]"]
-        parts.append(b"}}")
-        return b"".join(parts)
+        yield b"}}"
 
 
 def apply_body(state: dict[str, Any], body: Any) -> None:

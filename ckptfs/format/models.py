@@ -22,6 +22,9 @@ from ckptfs.errors import InvalidIdError
 
 MAX_ID_LENGTH = 200
 _ID_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f/\\]")
+# The ids nearly every run uses, accepted by one match (a load validates one per step): ASCII
+# letters, digits and a few marks, not starting with "." (the ".." rule is checked beside).
+_ID_PLAIN = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.:@+=\-]*")
 
 
 def validate_id(value: str, what: str = "id") -> str:
@@ -30,6 +33,9 @@ def validate_id(value: str, what: str = "id") -> str:
     Ids become path segments (`runs/<run_id>/...`), so `/`, `\\`, `..`, control characters,
     a leading dot and unbounded length are refused with an error naming the id.
     """
+    if (type(value) is str and len(value) <= MAX_ID_LENGTH and _ID_PLAIN.fullmatch(value)
+            and ".." not in value):
+        return value
     if not isinstance(value, str):
         raise InvalidIdError(f"{what} must be a string, got {type(value).__name__}")
     if not value:
@@ -327,17 +333,21 @@ def graph_problems(steps: dict[str, Step], only: set[str] | None = None) -> list
     """
     problems: list[str] = []
     ids = steps.keys() if only is None else only
+    completed = StepStatus.COMPLETED
     for sid in ids:
         step = steps.get(sid)
         if step is None:
             continue
-        for dep in step.__dict__["dependencies"]:  # a check, not a change (see Step.is_ready)
+        fields = step.__dict__  # a check, not a change (see Step.is_ready)
+        for dep in fields["dependencies"]:
             if dep not in steps:
                 problems.append(f"step {sid!r} depends on unknown step {dep!r}")
-        if step.status == StepStatus.COMPLETED and step.result is None:
+        if fields["status"] == completed and fields["result"] is None:
             problems.append(f"step {sid!r} is COMPLETED without a result")
-    cycle = find_cycle({sid: s.__dict__["dependencies"] for sid, s in steps.items()},
-                       roots=None if only is None else list(only))
+    # Only steps with dependencies can be on a cycle: a load of a long run whose steps mostly
+    # have none searches those few, not a graph of every step (0.35 s at 100,000 steps).
+    edges = {sid: deps for sid, s in steps.items() if (deps := s.__dict__["dependencies"])}
+    cycle = find_cycle(edges, roots=None if only is None else [r for r in only if r in edges])
     if cycle is not None:
         problems.append(f"dependency cycle through step {cycle!r}")
     return problems

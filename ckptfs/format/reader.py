@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import bisect
 import logging
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
+
+import msgspec
 
 from ckptfs.errors import BrokenChainError, CorruptFileError, MisplacedFileError, UnsupportedFormatError
 from ckptfs.format import codec
@@ -32,15 +36,101 @@ REFS_FIELD = "$refs"  # where a step or tool call lists the artifacts its large 
 Read = Callable[[RunFile], "codec.Record | None"]
 
 
+class _BodyParts(msgspec.Struct, forbid_unknown_fields=True):
+    """A record body cut at its fragments (changes.py's layout); nothing else may be in it."""
+
+    run: msgspec.Raw = msgspec.Raw(b"null")
+    steps: dict[str, msgspec.Raw] = {}
+    removed: list[str] = []
+    tool_log: dict[str, list[msgspec.Raw]] = {}
+
+
+_PARTS = msgspec.json.Decoder(_BodyParts)
+_OBJECT = msgspec.json.Decoder(dict[str, Any])
+_VALUE = msgspec.json.Decoder()
+
+
+@dataclass(frozen=True, slots=True)
+class SplitBody:
+    """A record body as a load reads it: every step's and tool call's stored bytes beside the
+    object they parse to, which is what `json.loads` of the whole document gives for it."""
+
+    run: dict[str, Any] | None
+    steps: dict[str, dict[str, Any]]
+    step_json: dict[str, msgspec.Raw]
+    removed: list[str]
+    tool_log: dict[str, list[dict[str, Any]]]
+    call_json: dict[str, list[msgspec.Raw]]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The body as `codec.decode` gives it."""
+        return {"run": self.run, "steps": self.steps, "removed": self.removed,
+                "tool_log": self.tool_log}
+
+
+def split_body(body: memoryview) -> SplitBody | None:
+    """The body's fragments, each parsed strictly; None for anything but the plain layout.
+
+    msgspec is strict JSON (RFC 8259): whatever it accepts, it parses to the very values
+    `json.loads` gives (the same ints, floats, strings, last duplicate key winning), and every
+    byte is parsed, since unknown keys are refused rather than skipped. What only the
+    lenient stdlib reader takes (NaN, lone surrogates, ints over its digit limit, which it
+    refuses), a run value that is not an object, a step or tool call that is not an object:
+    None, and the caller reads the document as `codec.decode` does, so such a record loads,
+    or fails, exactly as before.
+    """
+    try:
+        parts = _PARTS.decode(body)
+        run = _VALUE.decode(parts.run)
+        if run is not None and type(run) is not dict:
+            return None
+        decode = _OBJECT.decode
+        steps = {sid: decode(raw) for sid, raw in parts.steps.items()}
+        tool_log = {sid: [decode(raw) for raw in calls] for sid, calls in parts.tool_log.items()}
+    except (msgspec.MsgspecError, RecursionError, ValueError):
+        return None
+    return SplitBody(run, steps, parts.steps, parts.removed, tool_log, parts.tool_log)
+
+
+def read_document(text: bytes, key: str, stored_size: int,
+                  document: tuple[codec.RecordHeader, memoryview] | None = None,
+                  hashed: Callable[[], bool] | None = None) -> codec.Record:
+    """`codec.decode_text`, with the body as a `SplitBody` where it has the plain layout.
+
+    `document` is `codec.split_document(text)` if the caller has it already, and `hashed`
+    a wait for `codec.body_ok` of it running elsewhere (the body is parsed meanwhile).
+    """
+    if document is None:
+        document, hashed = codec.split_document(text), None
+    if document is not None:
+        if hashed is None:
+            body = split_body(document[1]) if codec.body_ok(*document) else None
+        else:
+            body = split_body(document[1])
+            if not hashed():
+                body = None
+        if body is not None:
+            return codec.Record(header=document[0], body=body, stored_size=stored_size)
+    return codec.decode_text(text, key, stored_size)
+
+
 def decode_run_file(data: bytes, rf: RunFile, run_id: str,
-                    max_decoded: int = codec.DEFAULT_MAX_DECODED_BYTES) -> codec.Record:
+                    max_decoded: int = codec.DEFAULT_MAX_DECODED_BYTES, *,
+                    split: bool = False) -> codec.Record:
     """Decode a run file and check that its header is the file its key says it is.
 
     A record copied under another run's or version's name decodes perfectly; only this check
     tells it is not ours. Raises CorruptFileError (MisplacedFileError for a header/key mismatch,
-    UnsupportedFormatError for a newer format).
+    UnsupportedFormatError for a newer format). With `split`, the body may be a `SplitBody`.
     """
-    rec = codec.decode(data, rf.key, max_decoded)
+    if split:
+        return check_placed(read_document(codec.decompress(data, rf.key, max_decoded), rf.key,
+                                          len(data)), rf, run_id)
+    return check_placed(codec.decode(data, rf.key, max_decoded), rf, run_id)
+
+
+def check_placed(rec: codec.Record, rf: RunFile, run_id: str) -> codec.Record:
+    """`rec` if its header names the run, kind, version and base its key `rf` names."""
     h = rec.header
     expected = RECORD_KIND[rf.kind]
     if h.kind != expected or h.run_id != run_id or h.version != rf.version or (
@@ -207,7 +297,7 @@ class LoadPath:
         """Every artifact this load needs, by sha256."""
         out: dict[str, ArtifactRef] = {}
         for body in self.bodies():
-            collect_refs(body, out)
+            collect_refs(body.as_dict() if isinstance(body, SplitBody) else body, out)
         return out
 
 
@@ -251,6 +341,25 @@ def plan_load(index: RunIndex, read: Read, *, run_id: str = "", ceiling: int | N
     return None
 
 
+class _Read(NamedTuple):
+    """A file read and decompressed: the part of decoding that runs on another thread."""
+
+    data: bytes
+    text: bytes | None
+    document: tuple[codec.RecordHeader, memoryview] | None  # split_document's, not yet hashed
+    error: CorruptFileError | None  # what decompress raised
+    seconds: tuple[float, float]  # fetch, decompress
+
+
+@dataclass
+class _Ahead:
+    """A prefetched file: its read, there before its body is hashed, and that hash's check."""
+
+    rf: RunFile
+    read: Future[_Read] = field(default_factory=Future)
+    hashed: Future[bool] | None = None  # the pool's task: read, then codec.body_ok
+
+
 @dataclass
 class RecordCache:
     """Reads and decodes a run's files once each; a file that fails is remembered as failed.
@@ -265,17 +374,110 @@ class RecordCache:
     max_decoded: int = codec.DEFAULT_MAX_DECODED_BYTES
     keep_raw: bool = False
     strict_format: bool = False  # a newer format stops the load instead of being skipped
+    split: bool = False  # bodies as SplitBody where they have the plain layout (the load's)
     records: dict[str, codec.Record | None] = field(default_factory=dict)
     raw: dict[str, bytes] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     errors: dict[str, CorruptFileError] = field(default_factory=dict)
+    # Seconds spent, summed over files (prefetching overlaps them): fetch, decompress (with
+    # the trailer's sha256), parse (JSON; the body's sha256 too where it is not prefetched).
+    timings: dict[str, float] = field(default_factory=dict)
+    pending: dict[str, _Ahead] = field(default_factory=dict)
+    early: dict[str, tuple[codec.Record | Exception, bytes]] = field(default_factory=dict)
+
+    def prefetch(self, files: list[RunFile], pool: Executor) -> None:
+        """Start reading, decompressing and hashing `files` on `pool`; `read` finishes each.
+
+        Reads overlap their round trips, and zstd and hashlib let go of the GIL: a file
+        decompresses, and its body hashes while it is parsed, beside the reading thread
+        parsing (the parsing stays on that thread: two threads parsing only take turns);
+        while it waits for one file it parses those already there. A file's outcome, what it
+        raises included, is only reported when it is read, in the order files are read, as
+        without prefetching; a file prefetched but never read is never reported.
+        """
+        for rf in files:
+            if rf.key not in self.records and rf.key not in self.pending:
+                ahead = _Ahead(rf)
+                ahead.hashed = pool.submit(self._read_ahead, ahead)
+                self.pending[rf.key] = ahead
+
+    def _read_ahead(self, ahead: _Ahead) -> bool:
+        try:
+            got = self._read(ahead.rf)
+        except BaseException as exc:
+            ahead.read.set_exception(exc)
+            raise
+        ahead.read.set_result(got)  # the reading thread may parse it now
+        return got.document is None or codec.body_ok(*got.document)
+
+    def _read(self, rf: RunFile) -> _Read:
+        t0 = time.perf_counter()
+        data = self.fetch(rf.key)  # UnreadableFileError (a link, a FIFO, no permission): skipped
+        t1 = time.perf_counter()
+        text = document = error = None
+        try:
+            text = codec.decompress(data, rf.key, self.max_decoded)
+        except CorruptFileError as exc:
+            error = exc
+        if text is not None and self.split:
+            document = codec.split_document(text)
+        return _Read(data, text, document, error, (t1 - t0, time.perf_counter() - t1))
+
+    def _outcome(self, rf: RunFile) -> tuple[codec.Record | Exception, bytes]:
+        if rf.key in self.early:
+            return self.early.pop(rf.key)
+        ahead = self.pending.pop(rf.key, None)
+        if ahead is None:
+            got = self._read(rf)
+            return self._decoded(rf, got, None)
+        while not ahead.read.done():  # parse what is there while this one is on its way
+            if not self._finish_ready():
+                wait([ahead.read, *(a.read for a in self.pending.values())],
+                     return_when=FIRST_COMPLETED)
+        assert ahead.hashed is not None
+        return self._decoded(rf, ahead.read.result(), ahead.hashed.result)
+
+    def _decoded(self, rf: RunFile, got: _Read, hashed: Callable[[], bool] | None
+                 ) -> tuple[codec.Record | Exception, bytes]:
+        """Decode what `_read` got (`hashed`: the wait for its body's hash check, if one runs
+        elsewhere): the record, or the CorruptFileError `decode_run_file` would raise."""
+        t0 = time.perf_counter()
+        try:
+            if got.error is not None:
+                raise got.error
+            assert got.text is not None
+            rec = check_placed(read_document(got.text, rf.key, len(got.data), got.document,
+                                             hashed)
+                               if self.split else
+                               codec.decode_text(got.text, rf.key, len(got.data)),
+                               rf, self.run_id)
+        except CorruptFileError as exc:
+            return exc, got.data
+        for what, spent in zip(("fetch", "decompress", "parse"),
+                               (*got.seconds, time.perf_counter() - t0), strict=True):
+            self.timings[what] = self.timings.get(what, 0.0) + spent
+        return rec, got.data
+
+    def _finish_ready(self) -> bool:
+        """Decode one prefetched file that is there, for its read to report; False if none."""
+        for key, ahead in self.pending.items():
+            if ahead.read.done() and ahead.hashed is not None:
+                del self.pending[key]
+                try:
+                    self.early[key] = self._decoded(ahead.rf, ahead.read.result(),
+                                                    ahead.hashed.result)
+                except Exception as exc:  # what its read raised: raised when it is read
+                    self.early[key] = (exc, b"")
+                return True
+        return False
 
     def load(self, rf: RunFile) -> None:
         if rf.key in self.records:
             return
         try:
-            data = self.fetch(rf.key)  # UnreadableFileError (a link, a FIFO, no permission): skipped
-            rec = decode_run_file(data, rf, self.run_id, self.max_decoded)
+            outcome, data = self._outcome(rf)
+            if isinstance(outcome, Exception):
+                raise outcome
         except CorruptFileError as exc:
             if self.strict_format and isinstance(exc, UnsupportedFormatError):
                 raise
@@ -283,7 +485,7 @@ class RecordCache:
             return
         if self.keep_raw:
             self.raw[rf.key] = data
-        self.records[rf.key] = rec
+        self.records[rf.key] = outcome
 
     def fail(self, rf: RunFile, exc: CorruptFileError) -> None:
         """Remember a file as unusable (also for a reason found above the codec)."""

@@ -6,11 +6,12 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import itertools
 import logging
 import os
+import secrets
 import stat
-import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
 from ckptfs.errors import StorageUnavailableError, StoreNotWritableError, UnreadableFileError
@@ -64,6 +65,8 @@ class LocalStorage(Storage):
         self.root = os.path.abspath(root)
         self.fsync = bool(self.options.get("fsync", True))
         self._use_renameat2 = RENAMEAT2 is not None
+        self._tmp_prefix = secrets.token_hex(4)
+        self._tmp_seq = itertools.count()
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *check_key(key).split("/"))
@@ -189,19 +192,22 @@ class LocalStorage(Storage):
         inode and times, and once published another process may already have replaced or
         deleted it (retention of a shared run), which must not fail a write that succeeded.
         """
-        tmp = f".{name}{TEMP_MARKER}{uuid.uuid4().hex[:12]}"
+        # unique without a uuid per write: this store's random prefix and a counter (O_EXCL
+        # refuses a clash anyway); a commit is a few hundred microseconds, each one counts
+        tmp = f".{name}{TEMP_MARKER}{self._tmp_prefix}{next(self._tmp_seq):x}"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                          0o644, dir_fd=dir_fd)
         except OSError as exc:
             raise self._write_error(key, exc) from None
         try:
-            with os.fdopen(fd, "wb", closefd=True) as f:
-                writer(f)
-                f.flush()
+            try:
+                writer(fd)
                 if self.fsync:
-                    os.fsync(f.fileno())
-                etag = self._etag(os.fstat(f.fileno()))
+                    os.fsync(fd)
+                etag = self._etag(os.fstat(fd))
+            finally:
+                os.close(fd)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dir_fd)
@@ -238,7 +244,7 @@ class LocalStorage(Storage):
             raise
         self._fsync_fd(dir_fd)
 
-    def _write_all(self, f: IO[bytes], data: bytes) -> None:
+    def _write_all(self, fd: int, data: bytes | memoryview) -> None:
         """Write; a large body is flushed to disk 1 MiB at a time as it goes.
 
         A single fsync of many megabytes makes every other fsync on the filesystem wait
@@ -246,20 +252,20 @@ class LocalStorage(Storage):
         small commits running beside it. Flushing in steps bounds that wait: in an experiment
         with plain os calls, a small commit's p99 beside a 5 MB writer fell from ~10 ms to ~6 ms.
         """
-        if len(data) <= _FLUSH_STEP or not self.fsync:
-            f.write(data)
-            return
         view = memoryview(data)
-        for off in range(0, len(view), _FLUSH_STEP):
-            f.write(view[off : off + _FLUSH_STEP])
-            f.flush()
-            os.fdatasync(f.fileno())
+        step = _FLUSH_STEP if self.fsync else max(len(view), 1)
+        for off in range(0, len(view), step):
+            part = view[off : off + step]
+            while part:
+                part = part[os.write(fd, part):]
+            if self.fsync and len(view) > _FLUSH_STEP:
+                os.fdatasync(fd)
 
     def put(self, key: str, data: bytes) -> str:
-        return self._put(key, lambda f: self._write_all(f, data), exclusive=False)
+        return self._put(key, lambda fd: self._write_all(fd, data), exclusive=False)
 
     def put_if_absent(self, key: str, data: bytes) -> str:
-        return self._put(key, lambda f: self._write_all(f, data), exclusive=True)
+        return self._put(key, lambda fd: self._write_all(fd, data), exclusive=True)
 
     def _put(self, key: str, writer: Any, exclusive: bool) -> str:
         dfd, name = self._dir_for_write(key)
@@ -275,7 +281,7 @@ class LocalStorage(Storage):
 
         dfd, name = self._dir_for_write(key)
         try:
-            tmp, _ = self._write_temp(dfd, name, key, lambda f: f.write(data))
+            tmp, _ = self._write_temp(dfd, name, key, lambda fd: self._write_all(fd, data))
             fcntl.flock(dfd, fcntl.LOCK_EX)  # released when dfd is closed
             try:
                 st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
@@ -292,12 +298,11 @@ class LocalStorage(Storage):
             os.close(dfd)
 
     def put_stream(self, key: str, src: IO[bytes], exclusive: bool = False) -> None:
-        def copy(f: IO[bytes]) -> None:
+        def copy(fd: int) -> None:
             while chunk := src.read(_FLUSH_STEP):
-                self._write_all(f, chunk)
+                self._write_all(fd, chunk)
                 if self.fsync:
-                    f.flush()
-                    os.fdatasync(f.fileno())  # bounded flushes, as in _write_all
+                    os.fdatasync(fd)  # bounded flushes, as in _write_all
 
         self._put(key, copy, exclusive=exclusive)
 
@@ -307,30 +312,50 @@ class LocalStorage(Storage):
         A key reached through a link below the root is not in this store: nothing is deleted
         (logged). A directory at the key is no object: left alone (logged).
         """
-        dirs, name = self._split(key)
+        self.delete_many([key])
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """`delete` for each key in order, one directory open and one fsync per run of keys in
+        the same directory: retention removing a thousand records costs one directory flush,
+        not a thousand beside the committing writer's own."""
+        i = 0
+        while i < len(keys):
+            dirs, _ = self._split(keys[i])
+            j = i + 1
+            while j < len(keys) and self._split(keys[j])[0] == dirs:
+                j += 1
+            self._unlink_in(dirs, keys[i:j])
+            i = j
+
+    def _unlink_in(self, dirs: list[str], keys: Sequence[str]) -> None:
         try:
             dfd = open_dir_beneath(self.root, dirs)
         except FileNotFoundError:
             return
         except LinkRefused as exc:
-            logger.warning("%s: not deleting %s: %s", self.display_url, key, exc.reason)
+            logger.warning("%s: not deleting %s: %s", self.display_url, ", ".join(keys[:3]), exc.reason)
             return
         except OSError as exc:
-            raise self._write_error(key, exc) from None
+            raise self._write_error(keys[0], exc) from None
         try:
-            try:
-                os.unlink(name, dir_fd=dfd)
-            except FileNotFoundError:
-                return
-            except IsADirectoryError:
-                logger.warning("%s: not deleting %s: it is a directory", self.display_url, key)
-                return
-            except OSError as exc:
-                if exc.errno == errno.EPERM and stat.S_ISDIR(lstat_mode(dfd, name) or 0):
+            removed = False
+            for key in keys:
+                name = self._split(key)[1]
+                try:
+                    os.unlink(name, dir_fd=dfd)
+                except FileNotFoundError:
+                    continue
+                except IsADirectoryError:
                     logger.warning("%s: not deleting %s: it is a directory", self.display_url, key)
-                    return
-                raise self._write_error(key, exc) from None
-            self._fsync_fd(dfd)
+                    continue
+                except OSError as exc:
+                    if exc.errno == errno.EPERM and stat.S_ISDIR(lstat_mode(dfd, name) or 0):
+                        logger.warning("%s: not deleting %s: it is a directory", self.display_url, key)
+                        continue
+                    raise self._write_error(key, exc) from None
+                removed = True
+            if removed:
+                self._fsync_fd(dfd)
         finally:
             os.close(dfd)
 

@@ -20,11 +20,12 @@ to where it started.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import IO, Any, TypeVar
 
 from ckptfs.errors import StorageUnavailableError
@@ -250,6 +251,12 @@ class RetryingStorage(Storage):
 
     def delete(self, key: str) -> None:
         self._call("delete", key, lambda: self.inner.delete(key))
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        # deleting is idempotent: a batch retried after a lost reply deletes nothing twice
+        for i in range(0, len(keys), 1000):
+            chunk = keys[i : i + 1000]
+            self._call("delete_many", chunk[0], functools.partial(self.inner.delete_many, chunk))
 
     def size(self, key: str) -> int:
         return self._call("size", key, lambda: self.inner.size(key))

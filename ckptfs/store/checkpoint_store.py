@@ -76,7 +76,7 @@ from ckptfs.store.group_commit import GroupPart
 from ckptfs.store.head import Head, logged
 from ckptfs.store.leases import Lease
 from ckptfs.store.loader import Loaded, LoadInfo, RunLoader, gc_paused
-from ckptfs.store.retention import RetentionResult, apply_retention
+from ckptfs.store.retention import RetentionResult, apply_retention, keeps_fences
 from ckptfs.store.sharing import catch_up
 from ckptfs.store.values import PendingArtifact, ValuePlanner
 
@@ -86,6 +86,7 @@ _GroupPlan = tuple[Changes, dict[str, bytes | None], list[PendingArtifact], list
               list[tuple[str, ToolCall]]]
 
 REFS_FIELD = "$refs"
+REFS_MARK = f'"{REFS_FIELD}"'.encode()  # in a step's persisted JSON: it references artifacts
 RESUMABLE_STATUSES = frozenset({"running", "paused", "failed"})
 
 
@@ -139,7 +140,7 @@ class CheckpointStore:
         self._heads: dict[str, Head] = {}
         self._locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
-        self._compactor = Compactor(self.policy, self.storage, self._encode, self._retain)
+        self._compactor = Compactor(self.policy, self.storage, self._encode)
         self._pool: ThreadPoolExecutor | None = None
         self.last_load: LoadInfo | None = None
         ref = weakref.ref(self)
@@ -178,16 +179,19 @@ class CheckpointStore:
     def _encode(self, kind: codec.RecordKind, run_id: str, version: int, base: int,
                 base_hash: str, hash_: str, changes: Changes,
                 summary: dict[str, Any] | None = None) -> bytes:
-        body = changes.to_json()
+        # Streamed in pieces: a snapshot is the whole state, which must not be copied whole
+        # (twice, with the header) beside the replica that already holds it.
+        body_sha, body_len = codec.body_digest(changes.chunks())
         header = codec.RecordHeader(
             format=codec.FORMAT_NAME, format_version=codec.FORMAT_VERSION, kind=kind,
             run_id=run_id, version=version, base=base, base_hash=base_hash, hash=hash_,
-            body_sha256=codec.sha256_hex(body), writer=self.writer_id, time=time.time(),
+            body_sha256=body_sha, writer=self.writer_id, time=time.time(),
             summary=summary or {},
         )
         # Checked against the reader's limit, as a journal record is: a delta or snapshot no
         # load can decode must not be written (retention would count it as a kept snapshot).
-        return codec.encode(header, body, self.compression_level, self.max_decoded_bytes)
+        return codec.encode_parts(header, changes.chunks, body_len, self.compression_level,
+                                  self.max_decoded_bytes)
 
     # ------------------------------------------------------------------------ commit path
 
@@ -246,11 +250,16 @@ class CheckpointStore:
         self._values.store_artifacts(artifacts)
         key = log_key(run_id, version)
         # Exclusive create fences writers only while the key exists, and retention deletes old
-        # records, so the commit also confirms its base is still stored. On a remote backend
-        # the check runs beside the PUT (one round trip, not two); either way only a prune at
-        # that very moment could race it.
+        # records, so the commit must know its base is still stored. A remote store keeps
+        # pruned records as fences for a while (store/retention.py): a head confirmed within
+        # half of that needs nothing but the PUT, one request; an older one checks beside it.
+        # Local disk checks with two stats every time.
+        started = time.monotonic()
+        check_base = bool(head.version) and not (
+            keeps_fences(self.storage)
+            and started - head.confirmed_at < self.policy.fence_seconds / 2)
         base_check = None
-        if head.version and self.storage.capabilities.remote:
+        if check_base and self.storage.capabilities.remote:
             base_check = self._io_pool().submit(self._base_exists, run_id, head.version)
         try:
             self.storage.put_if_absent(key, data)
@@ -266,8 +275,8 @@ class CheckpointStore:
                 self._forget(run_id)
             raise ConflictError(run_id, version, "reload the run to continue from the newest "
                                 "version") from None
-        base_ok = (base_check.result() if base_check is not None
-                   else not head.version or self._base_exists(run_id, head.version))
+        base_ok = not check_base or (base_check.result() if base_check is not None
+                                     else self._base_exists(run_id, head.version))
         if not base_ok:
             # A writer whose head is older than the oldest kept snapshot just re-created a
             # pruned version. The record we made is ours: withdraw it.
@@ -275,9 +284,11 @@ class CheckpointStore:
             self._forget(run_id)
             raise ConflictError(run_id, version, f"its base version {head.version} was removed "
                                 "by retention: another writer has moved this run on; reload it")
-        entry = Entry(0, head.version, head.hash, version, h, changes, len(data))
+        entry = Entry(0, head.version, head.hash, version, h, self._for_replica(head, changes),
+                      len(data))
         head.moved_on(version, steps_changed=bool(changes.steps))
         head.version, head.hash, head.next_version = version, h, version + 1
+        head.confirmed_at = started
         head.counts, head.run_info = counts, info
         head.status.update(new_status)
         head.deps.update(new_deps)
@@ -297,6 +308,20 @@ class CheckpointStore:
                                "fall back past it", run_id, version)
             head.branching = False
         return version
+
+    @staticmethod
+    def _for_replica(head: Head, changes: Changes) -> Changes:
+        """The committed changes as the compactor keeps them: a step's fragment that is its
+        model JSON (no artifact reference in it) is the very packed bytes the head now holds,
+        so a long run's state is in memory once, compressed, not once per holder. The
+        compactor packs what is left (codec.pack)."""
+        steps: dict[str, bytes | None] = {}
+        for sid, frag in changes.steps.items():
+            cmp = head.steps_cmp.get(sid)
+            shared = (frag is not None and cmp is not None and codec.is_packed(cmp)
+                      and REFS_MARK not in frag)
+            steps[sid] = cmp if shared else frag
+        return Changes(changes.run, steps, changes.tool_log)
 
     def _listed(self, run_id: str, version: int) -> bool:
         """Whether a listing, and so a reload, sees the journal key of `version` (asked after
@@ -428,7 +453,10 @@ class CheckpointStore:
         for step in steps:
             model_json = self._values.model_json_of(step, head.run_id, step.id)
             old = head.steps_cmp.get(step.id)
-            if old == model_json:
+            # The head keeps what it committed packed (codec.pack), or as loaded; packing is
+            # deterministic, so comparing packed forms is comparing the JSON.
+            packed = codec.pack(model_json) if old is None or codec.is_packed(old) else model_json
+            if old == packed:
                 # NaN in an optional float (started_at) serialises as null, the bytes of None:
                 # "no change" must not acknowledge a value the caller's run holds and no load has
                 self._values.check_optional_floats(head.run_id, step)
@@ -436,7 +464,7 @@ class CheckpointStore:
             self._values.check_storable(head.run_id, step.id, step)
             changes.steps[step.id] = self._values.offload_step(step, model_json, pending)
             undo.setdefault(step.id, old)
-            head.steps_cmp[step.id] = model_json
+            head.steps_cmp[step.id] = packed if packed is not model_json else codec.pack(model_json)
             changed.append(step)
         return changed
 
@@ -661,7 +689,7 @@ class CheckpointStore:
             stored = head.steps_cmp.get(step.id)
             if stored is None:
                 raise RunNotFoundError(f"run {run_id!r} has no step {step.id!r}")
-            doc = json.loads(stored)
+            doc = json.loads(codec.unpack(stored))
             fence = int(doc.get("lease_generation", 0))
             if fence > lease.generation or (claim and fence == lease.generation):
                 raise LeaseLostError(run_id, step.id, lease.generation,
@@ -814,7 +842,9 @@ class CheckpointStore:
 
     def _load(self, run_id: str, target: int | None, *, resolve: bool,
               seed_head: bool) -> tuple[AgentRun, dict[str, Any]] | None:
-        with gc_paused():
+        # Seeding inside the pause too: what the load and the head keep is promoted at once
+        # (gc_paused), not walked by the next young collection.
+        with gc_paused(promote=True):
             for attempt in range(3):
                 try:
                     got = self._loader.load(run_id, target, resolve)
@@ -823,12 +853,14 @@ class CheckpointStore:
                     if attempt == 2:
                         raise
                     logger.info("run %s: a file vanished during load (retention?); reloading", run_id)
-        if got is None:
-            return None
-        self.last_load = got.info
-        if seed_head:
-            self._seed_head(got)
-        return got.run, got.tool_log
+            if got is None:
+                return None
+            self.last_load = got.info
+            if seed_head:
+                t0 = time.perf_counter()
+                self._seed_head(got)
+                got.info.phases["seed head"] = time.perf_counter() - t0
+            return got.run, got.tool_log
 
     def _seed_head(self, got: Loaded) -> None:
         run, tool_log, state, info = got.run, got.tool_log, got.state, got.info
@@ -837,18 +869,43 @@ class CheckpointStore:
         head.run_json = run.model_dump_json(exclude={"steps"}).encode()
         head.run_info = {"goal": run.goal[:200], "status": run.status, "updated_at": run.updated_at}
         replica = Changes(run=codec.dumps(state["run"]))
-        for sid, step in run.steps.items():
-            mj = step.model_dump_json().encode()
-            head.steps_cmp[sid] = mj
-            head.deps[sid] = tuple(step.dependencies)
-            head.status[sid] = step.status.value
-            persisted = state["steps"][sid]
-            replica.steps[sid] = mj if REFS_FIELD not in persisted else codec.dumps(persisted)
+        # The head compares against each step's stored bytes as its model JSON, and the
+        # replica starts from them, instead of serialising every step again: the commit path
+        # writes model JSON (ValuePlanner.model_json_of) and compaction only moves fragments.
+        # A step with values in artifacts (`$refs`) is serialised from its model as before
+        # (the replica keeps its stored, persisted form). Bytes that differ anyway (another
+        # writer's step that catching up re-serialised) only make that step's next commit
+        # write it again: equal bytes still mean nothing changed, and they are what is
+        # stored. A sample is checked, so a store from another serialiser (an older field
+        # set, other float spelling) is seeded from the models throughout.
+        steps, state_steps = run.steps, state["steps"]
+        stored = {sid: bytes(raw) for sid, raw in got.step_json.items()}
+        refs = {sid for sid, persisted in state_steps.items() if REFS_FIELD in persisted}
+        as_model = stored if self._loader.stored_is_model_json(run, stored, state) else {}
+        if refs and as_model:
+            as_model = {sid: mj for sid, mj in as_model.items() if sid not in refs}
+        # One pass per map, reading fields past their tracking descriptors (nothing changes).
+        if len(as_model) == len(steps) and list(as_model) == list(steps):
+            head.steps_cmp = dict(as_model)  # every step, in run order
+        else:
+            head.steps_cmp = {sid: as_model.get(sid) or step.model_dump_json().encode()
+                              for sid, step in steps.items()}
+        head.deps = {sid: tuple(step.__dict__["dependencies"]) for sid, step in steps.items()}
+        head.status = {sid: step.__dict__["status"].value for sid, step in steps.items()}
+        replica.steps = dict(head.steps_cmp)
+        for sid in refs:  # their persisted form: references, not the values
+            replica.steps[sid] = stored.get(sid) or codec.dumps(state_steps[sid])
+        statuses = list(head.status.values())
         head.tool_log = tool_log
-        head.counts = {"total": len(run.steps), "completed": run.completed_count,
-                       "failed": run.failed_count}
-        replica.tool_log = {sid: [codec.dumps(c) for c in calls]
-                            for sid, calls in state["tool_log"].items()}
+        head.counts = {"total": len(steps), "completed": statuses.count(StepStatus.COMPLETED.value),
+                       "failed": statuses.count(StepStatus.FAILED.value)}
+        replica.tool_log = {}
+        for sid, calls in state["tool_log"].items():
+            raws = got.call_json.get(sid, [])
+            if len(raws) != len(calls):
+                raws = [None] * len(calls)
+            replica.tool_log[sid] = [codec.dumps(c) if raw is None else bytes(raw)
+                                     for raw, c in zip(raws, calls, strict=True)]
         forced = info.max_version_seen > version  # we are branching: snapshot at once
         head.branching = forced
         # The loaded run is the object load_run hands out: its first save_run is O(change).
@@ -857,6 +914,8 @@ class CheckpointStore:
         rc = RunCompaction(replica, version, hash_, snapshot_bytes=info.snapshot_bytes,
                             carried_reads=self.policy.max_plan if forced else info.records_read,
                             carried_bytes=info.bytes_read - info.snapshot_bytes)
+        if info.snapshot_version:  # decoded by this load: valid, for retention to count
+            rc.snapshots.append((info.snapshot_version, time.monotonic()))
         self._compactor.submit("init", (run_id, rc))
 
     # ---------------------------------------------------------------------- read helpers
@@ -937,7 +996,5 @@ class CheckpointStore:
         the write order), so a crash midway leaves every kept snapshot loadable.
         """
         keep = self.policy.keep_last if keep_last is None else keep_last
-        return apply_retention(self._loader, run_id, keep, dry_run, check)
-
-    def _retain(self, run_id: str, keep_last: int, dry_run: bool, check: str) -> RetentionResult:
-        return self.apply_retention(run_id, keep_last, dry_run, check)
+        return apply_retention(self._loader, run_id, keep, dry_run, check,
+                               self.policy.fence_seconds)

@@ -2,9 +2,17 @@
 
 It keeps its own replica of each run this process writes and never reads a file back: every
 `fanout` records of one level become one delta of the next level, and a full snapshot is
-written once the records a load would need outweigh the last snapshot or grow past
-`max_plan` files. Compaction is an optimisation: a failure is logged, commits go on, and loads
-fall back to the finer records, which stay until retention removes what a kept snapshot covers.
+written once the records a load would need outweigh the last snapshot (`snapshot_ratio`) or
+grow past `max_plan` files. Scheduling by bytes is what keeps a long run's bytes written
+linear: a snapshot re-encodes the whole state, so it is due after a change of about its own
+size, not after a fixed number of commits (snapshots then come at roughly doubling versions).
+
+Retention runs here too, from what the compactor knows instead of a listing: the snapshots it
+wrote (and the one the run was loaded from) are the valid ones, the deltas it wrote and the
+journal range are the files; only the first pass of a process lists the run once for what
+earlier processes left. Deletes go in batches (store/retention.py decides what, and how long a
+remote store keeps journal records as fences). Compaction is an optimisation: a failure is
+logged, commits go on, and loads fall back to the finer records.
 """
 
 from __future__ import annotations
@@ -19,18 +27,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfs.errors import RecordTooLargeError
+from ckptfs.errors import CorruptFileError, RecordTooLargeError
 from ckptfs.format import codec
 from ckptfs.format.changes import Changes
-from ckptfs.format.keys import delta_key, snap_key
+from ckptfs.format.keys import RunFile, delta_key, log_key, parse_run_key, run_prefix, snap_key
 from ckptfs.storage.base import Storage
+from ckptfs.store.retention import doomed_files, keeps_fences
 
 logger = logging.getLogger(__name__)
 
 # encode(kind, run_id, version, base, base_hash, hash, changes) -> file bytes
 Encode = Callable[[codec.RecordKind, str, int, int, str, str, Changes], bytes]
-# retain(run_id, keep_last, dry_run, check) -> whatever retention reports
-Retain = Callable[[str, int, bool, str], Any]
 
 
 @dataclass(frozen=True)
@@ -38,22 +45,31 @@ class CompactionPolicy:
     """How the background compactor bounds total bytes and load cost.
 
     fanout: records of one level merged into one record of the next.
-    max_plan: a snapshot is due once a load would read more than this many records.
-    min_snapshot_bytes: no snapshot before the records since the last one reach this size
-        (a snapshot is due when they outweigh the last snapshot, or reach this floor).
+    max_plan: a snapshot is due once a load would read more than this many records (with
+        fanout 16, 64 is reached only past 65,535 records since the last snapshot: the byte
+        rule decides first).
+    snapshot_ratio: a snapshot is due once the records since the last one weigh this
+        fraction of it (a load then reads at most 1 + ratio times the snapshot's bytes).
+    min_snapshot_bytes: no snapshot before the records since the last one reach this size.
     keep_last: full snapshots kept per run by automatic retention (0 disables it).
+    fence_seconds: how long a remote store keeps pruned journal records as fences, and twice
+        how long a writer may go without confirming its base (store/retention.py).
     background: False runs compaction inline in the committing thread (tests, debugging).
     """
 
     fanout: int = 16
-    max_plan: int = 32
+    max_plan: int = 64
+    snapshot_ratio: float = 1.0
     min_snapshot_bytes: int = 256 * 1024
     keep_last: int = 3
+    fence_seconds: float = 600.0
     background: bool = True
 
     def __post_init__(self) -> None:
         if self.fanout < 2 or self.max_plan < 2 or self.keep_last < 0:
             raise ValueError("CompactionPolicy: fanout and max_plan must be >= 2, keep_last >= 0")
+        if not self.snapshot_ratio > 0 or not self.fence_seconds >= 0:
+            raise ValueError("CompactionPolicy: snapshot_ratio must be > 0, fence_seconds >= 0")
 
 
 
@@ -81,6 +97,14 @@ class RunCompaction:
     stack: list[Entry] = field(default_factory=list)
     carried_reads: int = 0  # records a load needs that this process did not write
     carried_bytes: int = 0
+    # What retention knows without listing (module docstring): snapshots known valid with the
+    # monotonic time each was known to exist (the loaded one counts from when it was seeded),
+    # the snapshots and deltas to delete once below the oldest kept, the journal records
+    # already gone (<= logs_gone), and whether earlier processes' files were listed yet.
+    snapshots: list[tuple[int, float]] = field(default_factory=list)
+    files: list[RunFile] = field(default_factory=list)
+    logs_gone: int = 0
+    listed: bool = False
 
 
 class Compactor:
@@ -88,12 +112,10 @@ class Compactor:
 
     IDLE_EXIT_SECONDS = 10.0
 
-    def __init__(self, policy: CompactionPolicy, storage: Storage, encode: Encode,
-                 retain: Retain) -> None:
+    def __init__(self, policy: CompactionPolicy, storage: Storage, encode: Encode) -> None:
         # Weak: the store owns the compactor, and an idle store must be collectable (its
         # compactor thread exits after a quiet spell; atexit flushes what is still alive).
         self._encode = weakref.WeakMethod(encode)
-        self._retain = weakref.WeakMethod(retain)
         self._storage = storage
         self._policy = policy
         self._runs: dict[str, RunCompaction] = {}
@@ -153,6 +175,7 @@ class Compactor:
     def _handle(self, kind: str, payload: Any) -> None:
         if kind == "init":
             run_id, rc = payload
+            rc.listed = rc.listed or rc.version == 0  # a run this process began: nothing older
             self._runs[run_id] = rc
             return
         if kind == "forget":
@@ -162,6 +185,7 @@ class Compactor:
         rc = self._runs.get(run_id)
         if rc is None or rc.version != entry.base:
             return  # this process no longer owns the run's head; nothing consistent to merge
+        entry.changes = entry.changes.packed()  # held until merged away: compressed (codec.pack)
         rc.replica.merge(entry.changes, full_state=True)
         rc.version, rc.hash = entry.version, entry.hash
         rc.stack.append(entry)
@@ -171,7 +195,7 @@ class Compactor:
         self._merge_levels(encode, run_id, rc)
         reads = rc.carried_reads + len(rc.stack)
         pending = rc.carried_bytes + sum(e.size for e in rc.stack)
-        due = max(rc.snapshot_bytes, self._policy.min_snapshot_bytes)
+        due = max(rc.snapshot_bytes * self._policy.snapshot_ratio, self._policy.min_snapshot_bytes)
         if reads > self._policy.max_plan or pending >= due:
             self._snapshot(encode, run_id, rc)
 
@@ -194,8 +218,10 @@ class Compactor:
                                last.version, exc)
                 size = sum(e.size for e in top)
             else:
-                with contextlib.suppress(FileExistsError):
-                    self._storage.put_if_absent(delta_key(run_id, first.base, last.version), data)
+                key = delta_key(run_id, first.base, last.version)
+                with contextlib.suppress(FileExistsError):  # another writer's, as good: ours to prune too
+                    self._storage.put_if_absent(key, data)
+                rc.files.append(RunFile(last.version, "delta", first.base, key))
                 size = len(data)
             rc.stack[-f:] = [Entry(level + 1, first.base, first.base_hash, last.version,
                                     last.hash, merged, size)]
@@ -214,13 +240,61 @@ class Compactor:
             rc.stack.clear()
             rc.carried_reads = rc.carried_bytes = 0
             return
-        with contextlib.suppress(FileExistsError):
-            self._storage.put_if_absent(snap_key(run_id, rc.version), data)
+        key = snap_key(run_id, rc.version)
+        try:
+            self._storage.put_if_absent(key, data)
+        except FileExistsError:  # another writer sharing the run wrote it: counted once it checks
+            if self._sound(key):
+                rc.snapshots.append((rc.version, time.monotonic()))
+            else:
+                rc.files.append(RunFile(rc.version, "snap", rc.version, key))
+        else:
+            rc.snapshots.append((rc.version, time.monotonic()))
         rc.stack.clear()
         rc.snapshot_bytes = len(data)
         rc.carried_reads = rc.carried_bytes = 0
-        retain = self._retain()
-        if self._policy.keep_last and retain is not None:
-            retain(run_id, self._policy.keep_last, False, "digest")
+        if self._policy.keep_last:
+            self._retire(run_id, rc)
+
+    def _sound(self, key: str) -> bool:
+        """Whether a snapshot another writer wrote matches its own trailer (one GET, on the
+        shared-run path only): retention may then count it as a kept snapshot."""
+        try:
+            codec.verify_digest(self._storage.get(key), key)
+        except (CorruptFileError, FileNotFoundError, PermissionError):
+            return False
+        return True
+
+    def _retire(self, run_id: str, rc: RunCompaction) -> None:
+        """Retention from what this compactor knows (module docstring), in one batch of deletes."""
+        keep = self._policy.keep_last
+        if len(rc.snapshots) < keep:
+            return
+        oldest = rc.snapshots[-keep][0]
+        if not rc.listed:  # once per process: what earlier processes left below
+            rc.listed = True
+            known = {f.key for f in rc.files} | {snap_key(run_id, v) for v, _t in rc.snapshots}
+            listed = [rf for key in self._storage.list(run_prefix(run_id))
+                      if (rf := parse_run_key(key)) is not None]
+            rc.files += [rf for rf in listed if rf.kind != "log" and rf.key not in known]
+            lowest = min((rf.version for rf in listed if rf.kind == "log"), default=None)
+            rc.logs_gone = max(rc.logs_gone, oldest) if lowest is None else lowest - 1
+        logs_upto = oldest
+        if keeps_fences(self._storage):
+            now, wait = time.monotonic(), self._policy.fence_seconds
+            logs_upto = max((v for v, t in rc.snapshots if v <= oldest and now - t >= wait),
+                            default=rc.logs_gone)
+        own = [RunFile(v, "snap", v, snap_key(run_id, v)) for v, _t in rc.snapshots if v < oldest]
+        doomed = doomed_files([*own, *rc.files], oldest, 0)
+        logs = [log_key(run_id, v) for v in range(rc.logs_gone + 1, logs_upto + 1)]
+        if not doomed and not logs:
+            return
+        self._storage.delete_many([f.key for f in doomed] + logs)
+        gone = {f.key for f in doomed}
+        rc.files = [f for f in rc.files if f.key not in gone]
+        rc.snapshots = [(v, t) for v, t in rc.snapshots if v >= oldest]
+        rc.logs_gone = max(rc.logs_gone, logs_upto)
+        logger.debug("run %s: retention removed %d files (oldest kept snapshot v%d)", run_id,
+                     len(doomed) + len(logs), oldest)
 
 

@@ -17,12 +17,14 @@ hold, a reload) makes the next `save_run` compare every step, as it always did.
 from __future__ import annotations
 
 import json
+import time
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
+from ckptfs.format.codec import unpack
 from ckptfs.format.models import AgentRun, Step, ToolCall, holds_shared_values, track_changes
 
 
@@ -36,11 +38,15 @@ class Head:
     next_version: int = 1
     run_json: bytes | None = None
     run_info: dict[str, Any] = field(default_factory=dict)
-    steps_cmp: dict[str, bytes] = field(default_factory=dict)  # model JSON, to diff against
+    steps_cmp: dict[str, bytes] = field(default_factory=dict)  # model JSON (packed), to diff against
     deps: dict[str, tuple[str, ...]] = field(default_factory=dict)
     status: dict[str, str] = field(default_factory=dict)
     tool_log: dict[str, list[ToolCall]] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=lambda: {"total": 0, "completed": 0, "failed": 0})
+    # When this writer last knew its base was stored (monotonic): its own commit's start, or
+    # the head's creation right after a load, which listed the run a load's length before,
+    # negligible beside the minutes a remote store keeps its fences (store/retention.py).
+    confirmed_at: float = field(default_factory=time.monotonic)
     branching: bool = False  # loaded after a fallback: the next commit starts a new branch
     shared: bool = False  # others have committed to this run: catch up before committing
     # save_run's change tracking (module docstring): valid while fast_version == version.
@@ -161,7 +167,7 @@ class Head:
     def run(self) -> AgentRun:
         """The run as this head knows it (every step validated again)."""
         assert self.run_json is not None
-        steps = {sid: json.loads(mj) for sid, mj in self.steps_cmp.items()}
+        steps = {sid: json.loads(unpack(mj)) for sid, mj in self.steps_cmp.items()}
         return AgentRun.model_validate({**json.loads(self.run_json), "steps": steps})
 
 

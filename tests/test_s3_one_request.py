@@ -1,0 +1,172 @@
+"""A commit to S3 is one request: the conditional PUT of the next journal key (issue 12).
+
+Counted over real HTTP, through a recording proxy in front of the moto server. The fence that
+lets the PUT stand alone is retention's: on S3 a pruned journal record stays at its key for
+`fence_seconds`, so a stale writer's PUT is refused by the record itself. A writer idle for
+more than half of that checks its base beside the PUT (two requests). The stale writers
+themselves are in tests/test_review_regressions.py (fenced, and past the fence time).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _fault_proxy import FaultProxy, Request
+
+from backends.s3.embedded import EmbeddedS3
+from ckptfs import AgentRun, CheckpointStore, CompactionPolicy, Step, StepStatus
+
+# no delta or snapshot in these few commits: what is counted is the commit path alone
+QUIET = CompactionPolicy(fanout=64, max_plan=100, min_snapshot_bytes=10**9, keep_last=0,
+                         background=False)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, bool]] = []
+
+    def __call__(self, req: Request) -> None:
+        self.seen.append((req.method, req.path, req.conditional))
+
+    def take(self) -> list[tuple[str, str, bool]]:
+        out, self.seen = self.seen, []
+        return out
+
+
+def _through(s3: EmbeddedS3, endpoint: str) -> dict[str, Any]:
+    return {**s3.storage_options,
+            "client_kwargs": {"endpoint_url": endpoint, "region_name": s3.region}}
+
+
+def _run(n: int) -> AgentRun:
+    return AgentRun(run_id="one", goal="g",
+                    steps={f"s{i}": Step(id=f"s{i}", title=f"t{i}") for i in range(n)})
+
+
+def _finish(run: AgentRun, i: int) -> Step:
+    step = run.steps[f"s{i}"]
+    step.status, step.result = StepStatus.COMPLETED, f"result {i}"
+    return step
+
+
+def test_each_commit_is_one_conditional_put(s3: EmbeddedS3, s3_url: str) -> None:
+    rec = Recorder()
+    with FaultProxy(s3.endpoint, rec) as proxy:
+        store = CheckpointStore(s3_url, _through(s3, proxy.endpoint), policy=QUIET)
+        run = _run(20)
+        store.save_run(run)
+        rec.take()
+        for i in range(20):
+            store.commit(run, [_finish(run, i)])
+            sent = rec.take()
+            assert len(sent) == 1, sent
+            method, path, conditional = sent[0]
+            assert method == "PUT" and conditional and "/log/" in path, sent
+        store.close()
+    loaded = CheckpointStore(s3_url, s3.storage_options).load_run("one")
+    assert loaded is not None and loaded.completed_count == 20
+
+
+def test_a_head_idle_past_half_the_fence_time_checks_its_base(s3: EmbeddedS3, s3_url: str) -> None:
+    rec = Recorder()
+    policy = dataclasses.replace(QUIET, fence_seconds=0.6)
+    with FaultProxy(s3.endpoint, rec) as proxy:
+        store = CheckpointStore(s3_url, _through(s3, proxy.endpoint), policy=policy)
+        run = _run(3)
+        store.save_run(run)
+        store.commit(run, [_finish(run, 0)])
+        rec.take()
+        store.commit(run, [_finish(run, 1)])  # confirmed a moment ago: the PUT alone
+        assert [m for m, _p, _c in rec.take()] == ["PUT"]
+        time.sleep(0.4)  # past half the fence time: the base is checked beside the PUT
+        store.commit(run, [_finish(run, 2)])
+        sent = rec.take()
+        assert sorted(m for m, _p, _c in sent) == ["HEAD", "PUT"], sent
+        store.close()
+
+
+
+CLI = str(Path(sys.executable).parent / "ckptfs")
+
+
+def test_fenced_store_verifies_mirrors_restores_and_resumes(s3: EmbeddedS3, s3_url: str,
+                                                            tmp_path: Path) -> None:
+    """The fences are journal records below the oldest kept snapshot: the real `ckptfs`
+    verifies such a store clean, mirrors it (a mirror that verifies clean too), and a restore
+    of the mirror resumes where the run stopped. `prune` leaves young fences alone."""
+    policy = CompactionPolicy(fanout=2, max_plan=3, min_snapshot_bytes=1, keep_last=1,
+                              background=False)
+    store = CheckpointStore(s3_url, s3.storage_options, policy=policy)
+    run = _run(30)
+    store.save_run(run)
+    for i in range(20):
+        store.commit(run, [_finish(run, i)])
+    store.close()
+    assert store.storage.exists("runs/one/log/000000000002.ckpt")  # a fence, still there
+    assert not store.storage.exists("runs/one/snap/000000000004.ckpt")  # retention ran
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CKPTFS_", "AWS_"))}
+    env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing",
+               AWS_DEFAULT_REGION=s3.region)
+    ep = f"client_kwargs.endpoint_url={s3.endpoint}"
+
+    def ckptfs(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([CLI, *args], capture_output=True, text=True, env=env, timeout=120,
+                              cwd=tmp_path)
+
+    got = ckptfs("versions", s3_url, "one", "-o", ep, "--json")
+    assert got.returncode == 0, got.stdout + got.stderr
+    versions = json.loads(got.stdout)
+    assert 2 in versions["fences"] and 2 not in versions["restore_points"], versions
+    assert max(versions["restore_points"]) == 21  # save_run, then 20 commits
+    got = ckptfs("verify", s3_url, "-o", ep, "--json")
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert json.loads(got.stdout)["ok"]
+    mirror = str(tmp_path / "mirror")
+    got = ckptfs("mirror", s3_url, mirror, "--from-option", ep, "--once")
+    assert got.returncode == 0, got.stdout + got.stderr
+    got = ckptfs("verify", mirror, "--json")
+    assert got.returncode == 0 and json.loads(got.stdout)["ok"], got.stdout + got.stderr
+    got = ckptfs("prune", s3_url, "-o", ep, "--keep-last", "1")
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert store.storage.exists("runs/one/log/000000000002.ckpt")  # young: kept as a fence
+    restored = str(tmp_path / "restored")
+    got = ckptfs("restore", mirror, restored)
+    assert got.returncode == 0, got.stdout + got.stderr
+    again = CheckpointStore(restored)
+    resumed = again.load_run("one")
+    assert resumed is not None and resumed.completed_count == 20
+    for i in range(20, 30):
+        again.commit(resumed, [_finish(resumed, i)])
+    again.close()
+    final = CheckpointStore(restored).load_run("one")
+    assert final is not None and final.completed_count == 30
+
+
+def test_prune_removes_fences_once_their_time_is_up(s3: EmbeddedS3, s3_url: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    policy = CompactionPolicy(fanout=2, max_plan=3, min_snapshot_bytes=1, keep_last=1,
+                              fence_seconds=60, background=False)
+    store = CheckpointStore(s3_url, s3.storage_options, policy=policy)
+    run = _run(10)
+    store.save_run(run)
+    for i in range(10):
+        store.commit(run, [_finish(run, i)])
+    fence = "runs/one/log/000000000002.ckpt"
+    assert store.storage.exists(fence)
+    young = store.apply_retention("one", 1)
+    assert fence not in young.deleted and store.storage.exists(fence)
+    later = time.time() + 61  # the snapshots' LastModified, judged a minute on
+    with monkeypatch.context() as m:
+        m.setattr("ckptfs.store.retention.time.time", lambda: later)
+        old = store.apply_retention("one", 1)
+    assert fence in old.deleted and not store.storage.exists(fence)
+    fresh = CheckpointStore(s3_url, s3.storage_options).load_run("one")
+    assert fresh is not None and fresh.completed_count == 10
