@@ -17,12 +17,15 @@ its file.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import functools
 import io
 import logging
 import os
 import struct
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -83,10 +86,61 @@ class _Group:
     damaged: dict[str, int] = field(default_factory=dict)  # key -> offset of its damaged record
     uncertain: int = -1  # offset of a damaged record whose key is unknown (-1: none)
     seen_damage: int = 0  # how many of log.damaged were looked at
+    # The group's directory (st_ino, st_mtime_ns, st_nlink) as it was when a scan found nothing
+    # in it but its log; None: not known to hold only its log, so a listing scans it.
+    dir_stamp: tuple[int, int, int] | None = None
+    _sorted: list[str] | None = None  # the index's keys in order, kept up to date once built
+
+    @functools.cached_property
+    def dir_path(self) -> str:
+        return os.path.dirname(self.log.path)
+
+    def only_log(self) -> bool:
+        """Whether the directory still holds nothing but the log (see `LogStorage._scan_loose`)."""
+        return self.dir_stamp is not None and self.dir_stamp == _dir_stamp(self.dir_path)
+
+    def _span(self, prefix: str) -> tuple[list[str], int, int]:
+        """The sorted keys and the bounds of those starting with `prefix`: a bisection, not a
+        sort of the index."""
+        if self._sorted is None:
+            self._sorted = sorted(self.index)
+        keys = self._sorted
+        lo = bisect.bisect_left(keys, prefix)
+        if not prefix or prefix[-1] == chr(0x10FFFF):
+            hi = lo
+            while hi < len(keys) and keys[hi].startswith(prefix):
+                hi += 1
+            return keys, lo, hi
+        return keys, lo, bisect.bisect_left(keys, prefix[:-1] + chr(ord(prefix[-1]) + 1), lo)
+
+    def keys_under(self, prefix: str) -> list[str]:
+        """The live keys starting with `prefix`, sorted."""
+        keys, lo, hi = self._span(prefix)
+        return keys[lo:hi]
+
+    def last_under(self, prefix: str) -> str | None:
+        keys, lo, hi = self._span(prefix)
+        return keys[hi - 1] if hi > lo else None
+
+    def _added(self, key: str) -> None:
+        keys = self._sorted
+        if keys is not None:
+            if not keys or key > keys[-1]:
+                keys.append(key)  # the common case: keys named by time (checkpoint ids)
+            else:
+                bisect.insort(keys, key)
+
+    def _removed(self, key: str) -> None:
+        keys = self._sorted
+        if keys is not None:
+            i = bisect.bisect_left(keys, key)
+            if i < len(keys) and keys[i] == key:
+                del keys[i]
 
     def apply(self, records: Iterable[tuple[int, bytes]], replaced: bool) -> None:
         if replaced:
             self.index.clear()
+            self._sorted = None
             self.damaged.clear()
             self.live = self.dead = self.seen_damage = 0
             self.uncertain = -1
@@ -104,8 +158,12 @@ class _Group:
                 data = memoryview(payload)[start:]
                 self.index[key] = (offset, len(data), _content_etag(data))
                 self.live += len(data)
+                if old is None:
+                    self._added(key)
             else:
                 self.dead += len(payload)
+                if old is not None:
+                    self._removed(key)
         self._note_damage()
 
     def _note_damage(self) -> None:
@@ -136,6 +194,20 @@ class _Group:
         if bad is not None and (hit is None or hit[0] < bad):
             raise CorruptFileError(key, f"its newest record (byte {bad} of {self.log.path}) is damaged; "
                                    "rewrite the key or delete it")
+
+
+# A directory stamp is trusted once its mtime is this far in the past: 50 ms where mtimes have
+# fractions of a second (a clock tick is at most 10 ms), 2 s where they are whole seconds.
+_RACY_NS = 50_000_000
+_RACY_COARSE_NS = 2_000_000_000
+
+
+def _dir_stamp(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_nlink)
 
 
 def _damaged_key(path: str, offset: int, group: str) -> str | None:
@@ -185,7 +257,7 @@ class LogStorage(Storage):
                     g = self._groups[group] = _Group(
                         RecordLog(path, fsync=self.inner.fsync, root=self.inner.root), group)
                     # checked once: a put then skips two syscalls for files that cannot be there
-                    g.loose = any(not self._is_log_file(k) for k in self.inner.list(group))
+                    self._scan_loose(g)
                     self._evict()
                 self._groups.move_to_end(group)
             with g.lock:
@@ -203,6 +275,30 @@ class LogStorage(Storage):
                     g.log.close()
                 finally:
                     g.lock.release()
+
+    def _scan_loose(self, g: _Group) -> list[str]:
+        """The plain files in the group's directory (keys from before the log); notes whether
+        there are any (`loose`) and, when there are none, the directory's stamp (`dir_stamp`).
+
+        Why a stamp: listing a group is then a bisection of its index instead of a walk of its
+        directory (two thirds of a LangGraph `get_tuple` on local disk). A plain file needs a
+        directory entry: one made in a subdirectory made that subdirectory first, which adds a
+        link to the group's directory (st_nlink counts subdirectories on ext4, xfs, tmpfs; a
+        filesystem where a directory's st_nlink is not 2 is always walked), and one made in the
+        group's directory itself changes its mtime. The stamp is taken before the walk, so what
+        the walk missed changes it. A directory changed too recently is not stamped (git's
+        "racily clean" rule): a timestamp has the granularity of the kernel's clock tick (a few
+        milliseconds; whole seconds on filesystems such as FAT, which write no fraction), so a
+        file made within the tick of the stamp could leave the mtime as it was; once the mtime
+        is safely in the past, any change moves it.
+        """
+        stamp = _dir_stamp(g.dir_path)
+        loose = [k for k in self.inner.list(g.group) if not self._is_log_file(k)]
+        g.loose = bool(loose)
+        racy = _RACY_NS if stamp is None or stamp[1] % 1_000_000_000 else _RACY_COARSE_NS
+        settled = stamp is not None and stamp[1] < time.time_ns() - racy
+        g.dir_stamp = stamp if not loose and settled and stamp is not None and stamp[2] == 2 else None
+        return loose
 
     @staticmethod
     def _is_log_file(key: str) -> bool:
@@ -348,6 +444,45 @@ class LogStorage(Storage):
             raise CorruptFileError(key, "its log kept changing under the read")
         return self.inner.get_with_etag(key)
 
+    def newest(self, prefix: str, beside: Callable[[str], str] | None = None
+               ) -> tuple[str, bytes, list[str]] | None:
+        """The greatest key under `prefix`, its bytes and the keys under `beside(key)` (None: no
+        key there): `list(prefix)[-1]`, `get` and `list(beside(key))` in one look at the group's
+        log when only the log is in its directory.
+
+        For readers that want the latest of keys named in time order and what is filed under
+        it (LangGraph's `get_tuple`: a thread's newest checkpoint and its pending writes): a
+        bisection of the index and one pread, not a listing of every key then two more
+        catch-ups with the file. FileNotFoundError when the key went between the listing and
+        the read (possible only on the fallback path, with a loose file).
+        """
+        group = self.group_of(prefix)
+        if group is not None and prefix.startswith(group):
+            for _ in range(3):  # another process can rewrite the file between our index and the read
+                with self._held(group) as g:
+                    g.sync()
+                    if not g.only_log():
+                        break  # plain files may be there too: list them (below)
+                    key = g.last_under(prefix)
+                    if key is None:
+                        return None
+                    g.check_readable(key)
+                    hit = g.index[key]
+                    under = [] if beside is None else g.keys_under(beside(key))
+                    try:
+                        payload = g.log.read(hit[0])
+                    except FileNotFoundError:
+                        continue
+                # the record the index names (the view is the file the index was built from):
+                # its key is compared as bytes, not parsed and validated again
+                head = _record(_PUT, key)
+                if payload.startswith(head):
+                    return key, payload[len(head):], under
+        keys = self.list(prefix)
+        if not keys:
+            return None
+        return keys[-1], self.get(keys[-1]), [] if beside is None else self.list(beside(keys[-1]))
+
     def size(self, key: str) -> int:
         if self._grouped(key):
             with self._held(str(self.group_of(key))) as g:
@@ -381,8 +516,19 @@ class LogStorage(Storage):
             return list(g.index)
 
     def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
-        out: set[str] = set()
         group = self.group_of(prefix)
+        if group is not None:
+            with self._held(group) as g:
+                g.sync()
+                if g.only_log():
+                    keys = g.keys_under(prefix)  # only the log there: no walk (see _scan_loose)
+                else:
+                    keys = sorted(set(g.keys_under(prefix)).union(
+                        k for k in self._scan_loose(g) if k.startswith(prefix)))
+            if start_after is not None:
+                keys = keys[bisect.bisect_right(keys, start_after):]
+            return keys
+        out: set[str] = set()
         inner = self.inner.list(group if group is not None else prefix)
         if group is not None:
             out.update(self._live_keys(group))

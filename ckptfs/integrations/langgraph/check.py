@@ -20,7 +20,13 @@ from typing import Any
 
 from ckptfs.errors import CkptfsError
 from ckptfs.integrations.langgraph import codec as fmt
-from ckptfs.integrations.langgraph.keys import LG_ROOT, lg_group_of, lg_leases_prefix
+from ckptfs.integrations.langgraph.keys import (
+    LG_ROOT,
+    lg_group_of,
+    lg_is_plan,
+    lg_leases_prefix,
+    lg_parse_plan,
+)
 from ckptfs.storage.base import Storage
 from ckptfs.storage.local import LocalStorage
 from ckptfs.storage.logfile import RecordLog
@@ -105,6 +111,10 @@ def _check_group(storage: Storage, group: str, level: str, max_size: int) -> Ite
         kind = rest.split("/", 1)[0]
         if kind not in ("ckpt", "held", "writes"):
             yield ("warning", "stray", "not a ckptfs LangGraph file (unexpected key)", key)
+            continue
+        if lg_is_plan(key):  # an empty read hint (S3): names checkpoints, holds nothing
+            if lg_parse_plan(key) is None:
+                yield ("warning", "stray", "not a ckptfs LangGraph read plan (unexpected key)", key)
             continue
         try:
             obj = fmt.unpack(storage.get(key), key, max_size)

@@ -5,6 +5,7 @@ from __future__ import annotations
 # ------------------------------------------------- LangGraph saver (ckptfs/integrations/langgraph.py)
 #
 #   langgraph/threads/<thread>/<ns>/ckpt/<checkpoint_id>     a checkpoint + the channel versions it wrote
+#   langgraph/threads/<thread>/<ns>/ckpt/~/<id>.<mode>[.<id>...]   which checkpoints a read needs (S3)
 #   langgraph/threads/<thread>/<ns>/held/<checkpoint_id>     a pruned checkpoint's versions still in use
 #   langgraph/threads/<thread>/<ns>/writes/<checkpoint_id>/<task_id>/<slot>   one task's pending writes
 #   langgraph/runs/<run_id>/<thread>/<ns>                    marker: this run wrote checkpoints there
@@ -19,7 +20,9 @@ from __future__ import annotations
 # encoding ("_" alone is the root namespace ""); one whose encoding passes 200 characters becomes
 # "~" + sha256 (the real namespace is stored inside each object). Other ids over 200 encoded
 # characters are refused. Encoding keeps uuid6 checkpoint ids unchanged, so a listing sorts by time.
+import functools
 import hashlib
+from collections.abc import Iterable
 from urllib.parse import unquote
 
 from ckptfs.errors import InvalidIdError
@@ -35,11 +38,19 @@ def lg_encode(value: str, what: str = "id") -> str:
         raise InvalidIdError(f"{what} must be a string, got {type(value).__name__}")
     if not value:
         raise InvalidIdError(f"{what} must not be empty")
-    seg = "".join(chr(b) if b in _LG_SAFE else f"%{b:02X}" for b in value.encode("utf-8"))
+    # an id longer than the limit is refused below (encoding never shortens): not remembered
+    seg = _percent(value) if len(value) <= LG_MAX_SEGMENT else _percent.__wrapped__(value)
     if len(seg) > LG_MAX_SEGMENT:
         raise InvalidIdError(f"{what} {value[:40]!r}... is too long ({len(seg)} encoded characters; "
                              f"the limit is {LG_MAX_SEGMENT})")
     return seg
+
+
+@functools.lru_cache(maxsize=4096)
+def _percent(value: str) -> str:
+    """Remembered: a read or write names the same few ids several times (thread, namespace,
+    checkpoint), and a byte-by-byte encoding costs more than the index lookup it leads to."""
+    return "".join(chr(b) if b in _LG_SAFE else f"%{b:02X}" for b in value.encode("utf-8"))
 
 
 def lg_decode(segment: str) -> str:
@@ -72,6 +83,37 @@ def lg_ns_prefix(thread_id: str, checkpoint_ns: str) -> str:
 
 def lg_checkpoint_key(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> str:
     return f"{lg_ns_prefix(thread_id, checkpoint_ns)}ckpt/{lg_encode(checkpoint_id, 'checkpoint_id')}"
+
+
+# A read plan (S3): from checkpoint <id> on, until the next plan in the listing, a checkpoint
+# C needs the objects of the ids after the mode, and, mode "c", of every checkpoint from <id>
+# up to C (a delta chain that grows by one each step); mode "u": unknown. Tiny objects filed
+# under ckpt/ so the one LIST that finds the newest checkpoint names them too; "~" never starts
+# an encoded id, so they sort after every checkpoint, and "." never occurs in one.
+LG_PLAN_DIR = "~"
+LG_PLAN_MAX = 900  # characters of a plan's segment; a longer one is written as mode "u"
+
+
+def lg_plan_key(thread_id: str, checkpoint_ns: str, checkpoint_id: str, mode: str,
+                ids: Iterable[str] = ()) -> str:
+    seg = ".".join([lg_encode(checkpoint_id, "checkpoint_id"), mode,
+                    *sorted(lg_encode(i, "checkpoint_id") for i in ids)])
+    if len(seg) > LG_PLAN_MAX:
+        seg = f"{lg_encode(checkpoint_id, 'checkpoint_id')}.u"
+    return f"{lg_ns_prefix(thread_id, checkpoint_ns)}ckpt/{LG_PLAN_DIR}/{seg}"
+
+
+def lg_parse_plan(key: str) -> tuple[str, str, list[str]] | None:
+    """(encoded checkpoint id, mode, encoded ids) of a plan key, None if it is none."""
+    _, sep, seg = key.rpartition(f"/ckpt/{LG_PLAN_DIR}/")
+    parts = seg.split(".")
+    if not sep or "/" in seg or len(parts) < 2 or parts[1] not in ("c", "s", "u") or not all(parts):
+        return None
+    return parts[0], parts[1], parts[2:]
+
+
+def lg_is_plan(key: str) -> bool:
+    return f"/ckpt/{LG_PLAN_DIR}/" in key
 
 
 def lg_held_key(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> str:

@@ -20,12 +20,15 @@ pruned checkpoint is deleted, and deletes go newest first).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import functools
 import json
 import logging
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -55,7 +58,10 @@ from ckptfs.integrations.langgraph.keys import (
     lg_encode,
     lg_group_of,
     lg_held_key,
+    lg_is_plan,
     lg_ns_prefix,
+    lg_parse_plan,
+    lg_plan_key,
     lg_run_marker_key,
     lg_run_prefix,
     lg_thread_prefix,
@@ -99,8 +105,38 @@ _Strs = list[str]
 DEFAULT_FULL_EVERY = 16
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 _MAX_WROTE = 10_000
+_PARSED_ITEMS = 64  # objects kept parsed, by key (`_ParsedCache`)
+_PARSED_MAX_BYTES = 256 * 1024  # an object larger than this is parsed again on each read
 _CKPT = "ckpt/"
 _HELD = "held/"
+_PLAN_BODY = b"plan\n"  # a read plan is its key; not empty: an exclusive PUT (copy_thread) refuses b""
+_MAX_NEEDS = 100_000  # remembered read sets (`_needs`); past this they are forgotten at once
+
+
+def _checkpoint_keys(keys: Sequence[str]) -> list[str]:
+    """A `ckpt/` listing without its read plans (`lg_plan_key`), which sort after every checkpoint."""
+    if not keys or not lg_is_plan(keys[-1]):
+        return list(keys)
+    return [k for k in keys if not lg_is_plan(k)]
+
+
+@dataclass
+class _Plan:
+    """The read plan in force in a namespace (`lg_plan_key`): set at the plan's checkpoint
+    `start`, `since` the checkpoints after it, so what a reader will fetch for the next one is
+    known to its writer, who files a new plan only when that would be wrong."""
+
+    start: str
+    mode: str
+    ids: frozenset[str]
+    since: list[str]
+
+    def predicts(self) -> frozenset[str] | None:
+        if self.mode == "s":
+            return self.ids
+        if self.mode == "c":
+            return self.ids | {self.start, *self.since}
+        return None
 
 
 @dataclass
@@ -148,6 +184,36 @@ class _ValueCache:
         with self._lock:
             for key in [k for k in self._items if k[0] == thread_id]:
                 self._bytes -= len(self._items.pop(key)[1])
+
+
+class _ParsedCache:
+    """The last objects read, parsed, by key: a read whose bytes are the very bytes parsed
+    before skips the zstd decode and the header's JSON (a third of a warm `get_tuple` of a
+    small thread). Keyed by content, not trusted by key: an object replaced meanwhile (a
+    checkpoint stored again, another process) has other bytes and is parsed anew."""
+
+    def __init__(self) -> None:
+        self._items: OrderedDict[str, tuple[bytes, fmt.Unpacked]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def parse(self, key: str, data: bytes, max_decoded: int) -> fmt.Unpacked:
+        with self._lock:
+            hit = self._items.get(key)
+        if hit is not None and hit[0] == data:
+            return hit[1]
+        obj = fmt.unpack(data, key, max_decoded)
+        if len(data) <= _PARSED_MAX_BYTES:
+            with self._lock:
+                self._items[key] = (data, obj)
+                self._items.move_to_end(key)
+                while len(self._items) > _PARSED_ITEMS:
+                    self._items.popitem(last=False)
+        return obj
+
+
+def _writes_of(ns_prefix: str, checkpoint_key: str) -> str:
+    """`lg_writes_prefix` of the checkpoint a key names, from the key (no decode, no encode)."""
+    return f"{ns_prefix}writes/{checkpoint_key.rsplit('/', 1)[1]}/"
 
 
 def _of_run(run_id: str) -> Callable[[Sequence[_Loaded]], set[str]]:
@@ -225,9 +291,21 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         self.full_every = full_every
         self.max_decoded_bytes = max_decoded_bytes
         self._values = _ValueCache(cache_bytes)
+        self._parsed = _ParsedCache()
+        # A request's latency, not local CPU, is the cost of a read: get_tuple sends the GET of
+        # the checkpoint and the listing of its writes together (one round trip, not two).
+        self._remote = storage.capabilities.remote
+        self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._last: dict[tuple[str, str], tuple[str, dict[str, Ref]]] = {}
+        # (thread, ns) -> the greatest checkpoint key this saver wrote or read there: where a
+        # remote get_tuple looks first (`_newest_remote`)
+        self._newest: dict[tuple[str, str], str] = {}
         self._run_markers: set[tuple[str, str, str]] = set()
+        # (thread, ns, holder, channel) -> ids of the objects that version is rebuilt from, and
+        # (thread, ns) -> the read plan a reader finds there (remote storage: `_plan_for`)
+        self._needs: dict[tuple[str, str, str, str], frozenset[str]] = {}
+        self._plans: dict[tuple[str, str], _Plan] = {}
         if not (isinstance(busy_timeout, int | float) and busy_timeout >= 0):
             raise ConfigError(f"busy_timeout must be a number of seconds >= 0, got {busy_timeout!r}")
         self.busy_timeout = float(busy_timeout)
@@ -257,7 +335,32 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
 
     def _read(self, key: str) -> _Loaded:
-        return _Loaded(key, fmt.unpack(self.storage.get(key), key, self.max_decoded_bytes))
+        return _Loaded(key, self._parsed.parse(key, self.storage.get(key), self.max_decoded_bytes))
+
+    def _get_optional(self, key: str) -> bytes | None:
+        try:
+            return self.storage.get(key)
+        except FileNotFoundError:
+            return None
+
+    def _get_all(self, keys: Sequence[str]) -> list[bytes | None]:
+        """The bytes of each key (None: gone); on remote storage fetched together, one round trip."""
+        if len(keys) > 1 and self._remote:
+            futures = [self._beside(functools.partial(self._get_optional, k)) for k in keys]
+            return [f.result() if f is not None else None for f in futures]
+        return [self._get_optional(k) for k in keys]
+
+    def _beside(self, fn: Callable[[], T]) -> Future[T] | None:
+        """Run `fn` on a helper thread while the caller sends its own request (remote storage
+        only: on local disk a thread hop costs more than the call)."""
+        if not self._remote:
+            return None
+        with self._lock:
+            if self._pool is None:
+                # a read plan's objects (up to `full_every`) and the writes' listing at once
+                self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="ckptfs-lg-read")
+            pool = self._pool
+        return pool.submit(fn)
 
     def _read_holder(self, thread_id: str, ns: str, checkpoint_id: str,
                      seen: dict[str, _Loaded]) -> _Loaded:
@@ -298,7 +401,19 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         raw = fmt.decode_part(part, f"{loaded.key}#{channel}", base, self.max_decoded_bytes)
         item = (part.type, raw, part.depth)
         self._values.put(ck, item)
+        if self._remote:
+            self._note_needs(ck, part.base)
         return item
+
+    def _note_needs(self, ck: tuple[str, str, str, str], base: str | None) -> None:
+        """Remember which objects a channel version is rebuilt from (its holder, and its base's)."""
+        with self._lock:
+            below = frozenset() if base is None else self._needs.get((*ck[:2], base, ck[3]))
+            if below is None:
+                return
+            if len(self._needs) >= _MAX_NEEDS:
+                self._needs.clear()
+            self._needs[ck] = below | {ck[2]}
 
     def _writes(self, thread_id: str, ns: str, checkpoint_id: str, keys: list[str] | None = None,
                 channels: set[str] | None = None) -> list[PendingWrite]:
@@ -307,11 +422,10 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         if keys is None:
             keys = self.storage.list(lg_writes_prefix(thread_id, ns, checkpoint_id))
         found: dict[tuple[str, int], tuple[str, str, str, int, Any]] = {}
-        for key in keys:
-            try:
-                obj = fmt.unpack(self.storage.get(key), key, self.max_decoded_bytes)
-            except FileNotFoundError:
+        for key, data in zip(keys, self._get_all(keys), strict=True):
+            if data is None:
                 continue
+            obj = fmt.unpack(data, key, self.max_decoded_bytes)
             head = obj.header
             task_id, task_path = str(head["task"]), str(head.get("path", ""))
             offset = 0
@@ -325,10 +439,12 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         return [(tid, ch, self.serde.loads_typed(val)) for _, tid, ch, _, val in ordered]
 
     def _tuple(self, thread_id: str, loaded: _Loaded, writes_keys: list[str] | None = None,
-               metadata: CheckpointMetadata | None = None) -> CheckpointTuple:
+               metadata: CheckpointMetadata | None = None, listing: Sequence[str] = (),
+               pre: Mapping[str, _Loaded] | None = None) -> CheckpointTuple:
         head = loaded.header
         ns, checkpoint_id = str(head["ns"]), str(head["id"])
-        seen = {checkpoint_id: loaded}
+        seen = {**(pre or {}), checkpoint_id: loaded}
+        self._prefetch(thread_id, ns, loaded, seen, listing)
         checkpoint = cast(Checkpoint, self.serde.loads_typed((head["ct"], loaded.obj.section("co", "cn"))))
         if metadata is None:
             metadata = self._metadata(loaded)
@@ -346,6 +462,39 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             parent_config=self._config(thread_id, ns, parent) if parent else None,
             pending_writes=self._writes(thread_id, ns, checkpoint_id, writes_keys),
         )
+
+    def _prefetch(self, thread_id: str, ns: str, loaded: _Loaded, seen: dict[str, _Loaded],
+                  listing: Sequence[str]) -> None:
+        """Remote storage: fetch together the objects the checkpoint's channel values are read
+        from when they are not in the cache, rather than one round trip per link of a delta
+        chain. Which they are is known for a channel another checkpoint holds (its ref names
+        it); for a delta, its chain's bases are, for a channel that changes every step (a
+        message list), the checkpoints just before in `listing` (the namespace's sorted
+        checkpoint keys), else its base alone. A guess that misses costs a request, not a
+        wrong answer: the chain walk reads what it needs and checks every link."""
+        if not self._remote:
+            return
+        want: set[str] = set()
+        pos = bisect.bisect_left(listing, loaded.key)
+        for channel, (holder, _version) in loaded.header["refs"].items():
+            if holder is None or self._values.get((thread_id, ns, str(holder), channel)) is not None:
+                continue
+            if str(holder) not in seen:
+                want.add(str(holder))
+                continue
+            part = loaded.obj.parts.get(channel)
+            if part is None or part.base is None:
+                continue
+            if pos < len(listing) and listing[pos] == loaded.key and part.depth > 0:
+                want.update(lg_decode(k.rsplit("/", 1)[1]) for k in listing[max(0, pos - part.depth) : pos])
+            else:
+                want.add(part.base)
+        ids = sorted(want - seen.keys())
+        keys = [lg_checkpoint_key(thread_id, ns, cid) for cid in ids]
+        for cid, key, data in zip(ids, keys, self._get_all(keys), strict=True):
+            if data is not None:
+                with contextlib.suppress(CorruptFileError):  # the walk reads it again and says why
+                    seen[cid] = _Loaded(key, self._parsed.parse(key, data, self.max_decoded_bytes))
 
     def _writes_by_checkpoint(self, prefix: str) -> dict[str, list[str]]:
         """Pending-write keys of one namespace by encoded checkpoint id: one listing, not one each."""
@@ -388,23 +537,141 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             self.leases.reread(str(conf["thread_id"]))
 
     def _get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """Requests, newest checkpoint: on local disk one look at the log's index (key, bytes
+        and pending-write keys together); on S3, by a saver that has seen the thread's newest
+        checkpoint (it wrote or read it), one round trip: the listing of anything newer, the
+        object and the listing of its writes, sent together. Otherwise two: the listing, then
+        the object, its writes' listing and the objects its read plan names (a delta chain's
+        bases, filed beside the checkpoints: `lg_plan_key`) together. Without a plan (a layout
+        written before them) the chain's bases take a round trip more; pending writes, their
+        objects."""
         thread_id, ns, checkpoint_id = self._ids(config)
+        prefix = lg_ns_prefix(thread_id, ns)
         for _ in range(3):  # a concurrent prune can remove the newest between list and get
+            if checkpoint_id is None and isinstance(self.storage, LogStorage):
+                try:
+                    newest = self.storage.newest(prefix + _CKPT, functools.partial(_writes_of, prefix))
+                    if newest is not None and lg_is_plan(newest[0]):
+                        # read plans copied from S3 (a mirror) sort last: the newest checkpoint is below
+                        keys = _checkpoint_keys(self.storage.list(prefix + _CKPT))
+                        last = keys[-1] if keys else None
+                        newest = None if last is None else (
+                            last, self.storage.get(last), self.storage.list(_writes_of(prefix, last)))
+                except FileNotFoundError:
+                    continue
+                if newest is None:
+                    return None
+                key, data, wkeys = newest
+                loaded = _Loaded(key, self._parsed.parse(key, data, self.max_decoded_bytes))
+                return self._tuple(thread_id, loaded, wkeys)
             if checkpoint_id is None:
-                keys = self.storage.list(lg_ns_prefix(thread_id, ns) + _CKPT)
-                if not keys:
+                try:
+                    found = self._newest_remote(thread_id, ns, prefix)
+                except FileNotFoundError:
+                    continue
+                if found is None:
                     return None
-                key = keys[-1]
-            else:
-                key = lg_checkpoint_key(thread_id, ns, checkpoint_id)
+                loaded, wkeys_r, listing, pre = found
+                return self._tuple(thread_id, loaded, wkeys_r, listing=listing, pre=pre)
+            key = lg_checkpoint_key(thread_id, ns, checkpoint_id)
             try:
-                loaded = self._read(key)
+                by_id = self._read_with_writes(prefix, key)
             except FileNotFoundError:
-                if checkpoint_id is not None:
-                    return None
-                continue
-            return self._tuple(thread_id, loaded)
+                return None
+            return self._tuple(thread_id, *by_id)
         return None
+
+    def _read_with_writes(self, prefix: str, key: str) -> tuple[_Loaded, list[str] | None]:
+        """A checkpoint object and (remote storage) the keys of its pending writes, listed while
+        the object is fetched. FileNotFoundError if the object is not there."""
+        writes = self._beside(functools.partial(self.storage.list, _writes_of(prefix, key)))
+        try:
+            loaded = self._read(key)
+        except FileNotFoundError:
+            if writes is not None:
+                writes.cancel()
+            raise
+        return loaded, writes.result() if writes is not None else None
+
+    def _newest_remote(self, thread_id: str, ns: str, prefix: str
+                       ) -> tuple[_Loaded, list[str] | None, list[str], dict[str, _Loaded]] | None:
+        """The newest checkpoint of a namespace and its writes' keys, by listing; FileNotFoundError
+        when it went before it was read (the caller starts over)."""
+        with self._lock:
+            hint = self._newest.get((thread_id, ns))
+        if hint is not None and self._remote:
+            # what this saver last saw as newest: is anything newer? (asked while reading it)
+            newer = self._beside(functools.partial(self.storage.list, prefix + _CKPT, hint))
+            assert newer is not None
+            try:
+                found: tuple[_Loaded, list[str] | None] | None = self._read_with_writes(prefix, hint)
+            except FileNotFoundError:
+                found = None  # pruned or deleted meanwhile
+            later = _checkpoint_keys(newer.result())
+            if found is not None and not later:
+                return (*found, [], {})
+            key = later[-1] if later else None
+        else:
+            key, later = None, []
+        keys = later  # what a delta chain's bases are guessed from (`_prefetch`)
+        planned: list[tuple[str, str, Future[bytes | None] | None]] = []
+        if key is None:
+            listed = self.storage.list(prefix + _CKPT)
+            keys = _checkpoint_keys(listed)
+            if not keys:
+                return None
+            key = keys[-1]
+            # the objects its read plan names go out with the object itself: one round trip
+            plan = self._planned(thread_id, ns, listed, keys)
+            if plan is not None:
+                planned = [(cid, k, self._beside(functools.partial(self._get_optional, k)))
+                           for cid, k in plan]
+                keys = []  # the plan names what is needed: no guess from the listing on top
+        found = self._read_with_writes(prefix, key)
+        seen: dict[str, _Loaded] = {}
+        for cid, pkey, fut in planned:
+            data = fut.result() if fut is not None else None
+            if data is not None:
+                with contextlib.suppress(CorruptFileError):  # the walk reads it again and says why
+                    seen[cid] = _Loaded(pkey, self._parsed.parse(pkey, data, self.max_decoded_bytes))
+        if self._remote:
+            with self._lock:  # what the listing says now, even below an older hint (pruned)
+                self._newest[(thread_id, ns)] = key
+        return (*found, keys, seen)
+
+    def _planned(self, thread_id: str, ns: str, listed: Sequence[str], keys: Sequence[str]
+                 ) -> list[tuple[str, str]] | None:
+        """(id, key) of the checkpoints the newest of `keys` is rebuilt from, by the read plan in
+        force in `listed` (`lg_plan_key`); None without one (a layout before plans: the chain is
+        walked, its bases guessed from the listing). Adopted as this saver's plan, so its next
+        put knows what readers will fetch."""
+        newest = keys[-1].rsplit("/", 1)[1]
+        best: tuple[str, str, list[str]] | None = None
+        for k in listed:
+            plan = lg_parse_plan(k) if lg_is_plan(k) else None
+            if plan is not None and plan[0] <= newest and (best is None or plan[0] >= best[0]):
+                best = plan
+        if best is None:
+            return None
+        start, mode, ids = best
+        segs = [k.rsplit("/", 1)[1] for k in keys]
+        first = bisect.bisect_left(segs, start)
+        since = [lg_decode(seg) for seg in segs[first:] if seg != start]
+        with self._lock:
+            self._plans[(thread_id, ns)] = _Plan(lg_decode(start), mode,
+                                                 frozenset(map(lg_decode, ids)), since)
+        if mode == "u":
+            return None
+        want = set(ids) | (set(segs[first:-1]) if mode == "c" else set())
+        want.discard(newest)
+        prefix = keys[-1][: -len(newest)]
+        return [(lg_decode(seg), prefix + seg) for seg in sorted(want)]
+
+    def _saw_newest(self, thread_id: str, ns: str, key: str) -> None:
+        with self._lock:
+            old = self._newest.get((thread_id, ns))
+            if old is None or key > old:
+                self._newest[(thread_id, ns)] = key
 
     def _thread_ids(self) -> list[str]:
         return [lg_decode(seg) for seg in self.storage.list_dirs(lg_threads_prefix())]
@@ -435,7 +702,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 tp = lg_thread_prefix(thread_id)
                 prefixes = [f"{tp}{seg}/" for seg in self.storage.list_dirs(tp)]
             for prefix in prefixes:
-                for key in self.storage.list(prefix + _CKPT):
+                for key in _checkpoint_keys(self.storage.list(prefix + _CKPT)):
                     cid = lg_decode(key.rsplit("/", 1)[1])
                     if id_filter is not None and cid != id_filter:
                         continue
@@ -483,7 +750,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         seeds: dict[str, Any] = {}
         cursor: str | None = None
         if checkpoint_id is None:
-            keys = self.storage.list(prefix + _CKPT)
+            keys = _checkpoint_keys(self.storage.list(prefix + _CKPT))
             checkpoint_id = lg_decode(keys[-1].rsplit("/", 1)[1]) if keys else None
         if checkpoint_id is not None:
             try:
@@ -578,16 +845,62 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         data = fmt.pack(header, cbytes + mbytes, parts)
         if run_id is not None:
             self._mark_run(str(run_id), thread_id, ns)
+        plan = self._plan_for(thread_id, ns, checkpoint_id, refs, parts, fresh) if self._remote else None
+        filed = self._beside(functools.partial(self._file_plan, thread_id, ns, plan)) if plan else None
         try:
             self.storage.put_if_absent(key, data)
         except FileExistsError:
             logger.debug("checkpoint %s stored again: replacing it", checkpoint_id)
             self.storage.put(key, data)
+        finally:
+            if filed is not None:
+                filed.result()
         for channel, item in fresh:
             self._values.put((thread_id, ns, checkpoint_id, channel), item)
         with self._lock:
             self._last[(thread_id, ns)] = (checkpoint_id, refs)
+        if self._remote:
+            self._saw_newest(thread_id, ns, key)
         return self._config(thread_id, ns, checkpoint_id)
+
+    def _plan_for(self, thread_id: str, ns: str, checkpoint_id: str, refs: Mapping[str, Ref],
+                  parts: Sequence[fmt.Part], fresh: Sequence[tuple[str, tuple[str, bytes, int]]]
+                  ) -> str | None:
+        """The read plan to file beside this checkpoint, or None when the one in force already
+        names exactly the objects a reader of it needs (most puts: a message list's delta chain
+        grows by this checkpoint, as mode "c" says)."""
+        for part in parts:
+            self._note_needs((thread_id, ns, checkpoint_id, part.channel), part.base)
+        with self._lock:
+            got = [self._needs.get((thread_id, ns, str(holder), channel))
+                   for channel, (holder, _version) in refs.items() if holder is not None]
+            need = None if None in got else frozenset(i for ids in got if ids for i in ids) - {checkpoint_id}
+            plan = self._plans.get((thread_id, ns))
+            if plan is not None and (plan.start == checkpoint_id or checkpoint_id in plan.since):
+                return None  # stored again: the plan in force was made with it
+            if plan is not None and (
+                    (need is not None and plan.predicts() == need and len(plan.since) < 4 * self.full_every)
+                    or (need is None and plan.mode == "u")):
+                plan.since.append(checkpoint_id)
+                return None
+            chains = any(len(item[1]) >= fmt.MIN_DELTA_BYTES for _, item in fresh)
+            mode = "u" if need is None else "c" if chains else "s"
+            key = lg_plan_key(thread_id, ns, checkpoint_id, mode, need or ())
+            parsed = lg_parse_plan(key)
+            if parsed is not None and parsed[1] == "u":
+                mode, need = "u", None  # too many to name
+            self._plans[(thread_id, ns)] = _Plan(checkpoint_id, mode, need or frozenset(), [])
+        return key
+
+    def _file_plan(self, thread_id: str, ns: str, key: str) -> None:
+        """Store a read plan. Only a hint: a failure is logged, not raised (the checkpoint beside
+        it is what `put` promises), and the next put files a plan again."""
+        try:
+            self.storage.put(key, _PLAN_BODY)
+        except Exception as exc:  # a hint's failure must not fail the put
+            logger.warning("read plan %s not stored (%s): readers walk the chain instead", key, exc)
+            with self._lock:
+                self._plans.pop((thread_id, ns), None)
 
     def _encode_part(self, thread_id: str, ns: str, channel: str, typ: str, raw: bytes,
                      prev: Ref | None) -> fmt.Part:
@@ -671,6 +984,12 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         with self._lock:
             for k in [k for k in self._last if k[0] == thread_id and (ns is None or k[1] == ns)]:
                 del self._last[k]
+            for k in [k for k in self._newest if k[0] == thread_id and (ns is None or k[1] == ns)]:
+                del self._newest[k]
+            for k in [k for k in self._plans if k[0] == thread_id and (ns is None or k[1] == ns)]:
+                del self._plans[k]
+            for n in [n for n in self._needs if n[0] == thread_id and (ns is None or n[1] == ns)]:
+                del self._needs[n]
 
     def _namespaces(self, thread_id: str) -> _Strs:
         """The ns prefixes of a thread (their segments may be hashes, so never decoded)."""
@@ -684,7 +1003,9 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         Channel versions a surviving checkpoint still reads (directly or as a delta base) are
         rewritten to `held/<id>` before `ckpt/<id>` is deleted; held objects nobody needs go.
         """
-        ckpt_keys = self.storage.list(prefix + _CKPT)
+        listed = self.storage.list(prefix + _CKPT)
+        ckpt_keys = _checkpoint_keys(listed)
+        plan_keys = [k for k in listed if lg_is_plan(k)]
         held_keys = self.storage.list(prefix + _HELD)
         loaded: dict[str, _Loaded] = {}
         for key in ckpt_keys:
@@ -735,6 +1056,13 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         doomed = [lg_checkpoint_key(thread_id, ns, cid) for cid in sorted(remove, reverse=True)]
         doomed += [w for cid in sorted(remove, reverse=True) for w in writes_of.get(lg_encode(cid), [])]
         doomed += [key for key in held_keys if lg_decode(key.rsplit("/", 1)[1]) not in needed]
+        # read plans: after the checkpoints (a reader meanwhile takes an older plan or none,
+        # and walks what it names wrong); a survivor's plan may now name a pruned checkpoint,
+        # whose versions the walk finds in held/
+        for k in plan_keys:
+            plan = lg_parse_plan(k)
+            if plan is None or lg_decode(plan[0]) in remove:
+                doomed.append(k)
         self.storage.delete_many(doomed)
         self._forget(thread_id, ns)
         return len(remove)
@@ -815,7 +1143,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 data = self.storage.get(key)
             except FileNotFoundError:
                 continue
-            if f"/{_CKPT}" in key:
+            if f"/{_CKPT}" in key and not lg_is_plan(key):
                 head = fmt.unpack(data, key, self.max_decoded_bytes).header
                 if head.get("run_id") is not None:
                     self._mark_run(str(head["run_id"]), str(target_thread_id), str(head["ns"]))
@@ -919,4 +1247,8 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
     def close(self) -> None:
         """Release this process's threads on the store and close cached handles."""
         self.release()
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
         self.storage.close()
