@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck bench clean venv langgraph-demo workers-demo test-lgmin
+.PHONY: demo test lint typecheck bench bench-scale clean venv langgraph-demo workers-demo test-lgmin
 
 # The oldest LangGraph that pyproject admits, in a second venv, for the LangGraph test files
 # only: langgraph 1.0.1 is the first release that accepts langgraph-checkpoint 3.0.0. The
@@ -63,6 +63,11 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/group_commit.py
 	$(BIN)/python benchmarks/seed_save_run.py
 	$(BIN)/python benchmarks/cli_startup.py
+	$(BIN)/python benchmarks/scale.py
+
+# issue 12's table to 100,000 steps (about 15 minutes on 2 cores)
+bench-scale: $(STAMP)
+	$(BIN)/python benchmarks/scale.py --scale
 
 langgraph-demo: $(STAMP)
 	$(BIN)/python examples/langgraph_agent.py

@@ -1,0 +1,366 @@
+"""Issue 12's table: each scale measure beside its target, ratios measured side by side in one run.
+
+    python benchmarks/scale.py            # short (10,000 steps; `make bench`)
+    python benchmarks/scale.py --scale    # to 100,000 steps (about 15 minutes on 2 cores)
+    python benchmarks/scale.py --steps 50000 --json out.json
+
+Rows (what each compares):
+  * local commit p50 over the floor (write + fsync + rename + fsync(dir) of the same bytes,
+    interleaved commit by commit) in windows ending at 1k, 10k, 50k, 100k completed steps of
+    one run; p99 over the floor's p50 in the last window;
+  * bytes written over the whole run / the final state (its JSON, uncompressed);
+  * load of the finished run in a fresh process (`CheckpointStore(url).load_run`);
+  * peak RSS of the process that ran and committed it / of a process that only builds and
+    finishes the same run object (both include the interpreter and imports);
+  * `aexecute_run` commits/s at concurrency 64 / 1 (benchmarks/group_commit.py);
+  * the seed API's `save_run` after each step at 5,000 / 200 steps, and over its floor
+    (benchmarks/seed_save_run.py);
+  * one S3 commit / one bare conditional PUT of the same bytes on the embedded moto server,
+    interleaved, and the storage calls a commit makes;
+  * LangGraph put and get_tuple beside SqliteSaver (benchmarks/langgraph_put.py --json).
+The commit run and the run-object baseline each run in a subprocess of their own, so their
+peak RSS is theirs alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from rich.console import Console
+from rich.table import Table
+
+from ckptfs import CheckpointStore
+from ckptfs.format.changes import Changes
+from ckptfs.storage.base import Storage
+from ckptfs.storage.registry import open_storage
+
+HERE = Path(__file__).resolve().parent
+WINDOWS = (1_000, 10_000, 50_000, 100_000)
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(p * len(xs)))]
+
+
+def _maxrss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class Counting(Storage):
+    """Delegates to a real Storage; counts calls and bytes written (every call is one request
+    on S3 unless retried)."""
+
+    def __init__(self, inner: Storage) -> None:
+        super().__init__(inner.url, inner.options)
+        self.inner = inner
+        self.capabilities = inner.capabilities  # type: ignore[misc]
+        self.calls = 0
+        self.bytes_written = 0
+
+    def _n(self) -> None:
+        self.calls += 1
+
+    def put(self, key: str, data: bytes) -> str:
+        self._n()
+        self.bytes_written += len(data)
+        return self.inner.put(key, data)
+
+    def put_if_absent(self, key: str, data: bytes) -> str:
+        self._n()
+        self.bytes_written += len(data)
+        return self.inner.put_if_absent(key, data)
+
+    def put_if_match(self, key: str, data: bytes, etag: str) -> str:
+        self._n()
+        self.bytes_written += len(data)
+        return self.inner.put_if_match(key, data, etag)
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        self._n()
+        return self.inner.get_with_etag(key)
+
+    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
+        self._n()
+        return self.inner.list(prefix, start_after)
+
+    def list_dirs(self, prefix: str) -> list[str]:
+        self._n()
+        return self.inner.list_dirs(prefix)
+
+    def delete(self, key: str) -> None:
+        self._n()
+        self.inner.delete(key)
+
+    def delete_many(self, keys: Any) -> None:
+        self._n()
+        self.inner.delete_many(keys)
+
+    def size(self, key: str) -> int:
+        self._n()
+        return self.inner.size(key)
+
+    def modified(self, key: str) -> float:
+        self._n()
+        return self.inner.modified(key)
+
+    def put_stream(self, key: str, src: IO[bytes], exclusive: bool = False) -> None:
+        self._n()
+        self.inner.put_stream(key, src, exclusive)
+
+    def open_read(self, key: str) -> IO[bytes]:
+        self._n()
+        return self.inner.open_read(key)
+
+
+# ----------------------------------------------------------------------- child processes
+
+def child_commit(url: str, n: int, out: str) -> None:
+    """Commit each step of an n-step run, the floor interleaved; write figures to `out`."""
+    from commit_latency import finish_step, floor_commit_one, make_run
+
+    rng = random.Random(7)
+    counting = Counting(open_storage(url, {}))
+    store = CheckpointStore(url, storage=counting)
+    run = make_run(n, "scale")
+    store.save_run(run)
+    floor_dir = Path(url).parent / "floor"
+    floor_dir.mkdir(parents=True, exist_ok=True)
+    dfd = os.open(floor_dir, os.O_RDONLY | os.O_DIRECTORY)
+    lat: list[float] = []
+    floor: list[float] = []
+    before = counting.bytes_written
+    size = 1024
+
+    def one_floor(i: int) -> None:
+        floor.append(floor_commit_one(floor_dir, dfd, i % 4096, os.urandom(size)))
+        os.unlink(floor_dir / f"{i % 4096:012d}")  # keep the floor's directory small
+
+    for i, step in enumerate(run.steps.values()):
+        finish_step(step, rng)
+        if i % 2:  # the floor first every other time: neither side always follows the other's
+            one_floor(i)  # background work (the compactor's writes land right after a commit)
+        t0 = time.perf_counter()
+        store.commit(run, [step])
+        lat.append(time.perf_counter() - t0)
+        size = max(64, counting.bytes_written - before)  # the record just written, or the last
+        if not i % 2:
+            one_floor(i)
+        before = counting.bytes_written
+    os.close(dfd)
+    store.flush()
+    store.close()
+    maxrss = _maxrss_bytes()  # before measuring the state, which builds its JSON once more
+    state = Changes(run=run.model_dump_json(exclude={"steps"}).encode(),
+                    steps={s.id: s.model_dump_json().encode() for s in run.steps.values()})
+    Path(out).write_text(json.dumps({
+        "lat": lat, "floor": floor, "written": counting.bytes_written,
+        "state": sum(len(c) for c in state.chunks()), "maxrss": maxrss}))
+
+
+def child_object(n: int, out: str) -> None:
+    """Only the run object: built and finished exactly as the commit run does, no store."""
+    from commit_latency import finish_step, make_run
+
+    rng = random.Random(7)
+    run = make_run(n, "scale")
+    for step in run.steps.values():
+        finish_step(step, rng)
+    Path(out).write_text(json.dumps({"maxrss": _maxrss_bytes(), "steps": len(run.steps)}))
+
+
+def child_load(url: str, out: str) -> None:
+    t0 = time.perf_counter()
+    store = CheckpointStore(url)
+    run = store.load_run("scale")
+    dt = time.perf_counter() - t0
+    assert run is not None
+    info = store.last_load
+    Path(out).write_text(json.dumps({
+        "seconds": dt, "steps": len(run.steps), "completed": run.completed_count,
+        "records": info.records_read if info else 0, "bytes": info.bytes_read if info else 0}))
+
+
+def _child(args: list[str]) -> dict[str, Any]:
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    try:
+        subprocess.run([sys.executable, __file__, "--child", *args, out], check=True)
+        result: dict[str, Any] = json.loads(Path(out).read_text())
+        return result
+    finally:
+        os.unlink(out)
+
+
+# ------------------------------------------------------------------------------- measures
+
+def s3_commit_vs_put(n: int = 300) -> dict[str, float]:
+    """S3 commit p50 / bare conditional PUT p50 of the same size, interleaved, and calls made."""
+    from commit_latency import finish_step, make_run
+
+    from backends.s3.embedded import EmbeddedS3
+
+    rng = random.Random(3)
+    with EmbeddedS3(bucket="scale") as s3:
+        url = s3.url("p")
+        counting = Counting(open_storage(url, s3.storage_options))
+        store = CheckpointStore(url, storage=counting)
+        run = make_run(n, "s3")
+        store.save_run(run)
+        bare = open_storage(url, s3.storage_options)
+        lat: list[float] = []
+        put: list[float] = []
+        calls: list[int] = []
+        for i, step in enumerate(run.steps.values()):
+            finish_step(step, rng)
+            c0, b0 = counting.calls, counting.bytes_written
+            t0 = time.perf_counter()
+            store.commit(run, [step])
+            lat.append(time.perf_counter() - t0)
+            calls.append(counting.calls - c0)
+            data = os.urandom(max(64, counting.bytes_written - b0))
+            t0 = time.perf_counter()
+            bare.put_if_absent(f"bare/{i:06d}", data)
+            put.append(time.perf_counter() - t0)
+        store.close()
+    skip = n // 10
+    return {"commit_p50": statistics.median(lat[skip:]), "put_p50": statistics.median(put[skip:]),
+            "calls_p50": statistics.median(calls[skip:]), "calls_max": float(max(calls[skip:]))}
+
+
+def group_commit_ratio(steps: int) -> float:
+    from group_commit import measure
+
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
+        one = many = 0.0
+        for _ in range(2):  # interleaved rounds
+            dt1, _ = measure(Path(tmp), steps, 1)
+            dt64, _ = measure(Path(tmp), steps, 64)
+            one += steps / dt1
+            many += steps / dt64
+    return many / one
+
+
+def seed_save_run() -> tuple[float, float]:
+    from seed_save_run import measure
+
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
+        small_save, _small_floor = measure(str(Path(tmp) / "a"), 200, 60)
+        big_save, big_floor = measure(str(Path(tmp) / "b"), 5000, 60)
+    return big_save / small_save, big_save / big_floor
+
+
+def langgraph_rows() -> dict[str, Any] | None:
+    script = HERE / "langgraph_put.py"
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = f.name
+    try:
+        done = subprocess.run([sys.executable, str(script), "--json", out], capture_output=True,
+                              text=True)
+        if done.returncode != 0:
+            return None
+        result: dict[str, Any] = json.loads(Path(out).read_text())
+        return result
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.unlink(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="issue 12's scale table")
+    ap.add_argument("--scale", action="store_true", help="run to 100,000 steps")
+    ap.add_argument("--steps", type=int, default=0)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        kind, *rest = args.child
+        if kind == "commit":
+            child_commit(rest[0], int(rest[1]), rest[2])
+        elif kind == "object":
+            child_object(int(rest[0]), rest[1])
+        else:
+            child_load(rest[0], rest[1])
+        return 0
+    n = args.steps or (100_000 if args.scale else 10_000)
+    console = Console(width=120)
+    console.print(f"[bold]ckptfs scale benchmark[/bold] {time.strftime('%Y-%m-%d')} · "
+                  f"{platform.machine()} · {os.cpu_count()} cores · Python "
+                  f"{platform.python_version()} · {n:,} steps")
+    rows: list[tuple[str, str, str, bool | None]] = []
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
+        url = str(Path(tmp) / "store")
+        commit = _child(["commit", url, str(n)])
+        console.print(f"committed {n:,} steps; peak RSS {commit['maxrss'] / 1e9:.2f} GB")
+        obj = _child(["object", str(n)])
+        load = _child(["load", url])
+        console.print(f"loaded in {load['seconds']:.2f} s")
+    lat, floor = commit["lat"], commit["floor"]
+    for w in (w for w in WINDOWS if w <= n):
+        lo = max(0, w - min(1000, w // 2))
+        ratio = statistics.median(lat[lo:w]) / statistics.median(floor[lo:w])
+        rows.append((f"local commit p50 / floor p50, steps {lo:,}-{w:,}", f"{ratio:.2f}x", "<= 1.5x",
+                     ratio <= 1.5))
+    last = max(w for w in WINDOWS if w <= n)
+    lo = max(0, last - min(1000, last // 2))
+    p99 = pct(lat[lo:last], 0.99) / statistics.median(floor[lo:last])
+    rows.append((f"local commit p99 / floor p50, steps {lo:,}-{last:,}", f"{p99:.2f}x", "<= 5x", p99 <= 5))
+    fp99 = pct(floor[lo:last], 0.99) / statistics.median(floor[lo:last])
+    rows.append(("(context) floor p99 / floor p50, same window", f"{fp99:.2f}x", "", None))
+    wr = commit["written"] / commit["state"]
+    rows.append((f"bytes written / final state ({commit['written'] / 1e6:,.0f} / "
+                 f"{commit['state'] / 1e6:,.0f} MB)", f"{wr:.2f}x", "<= 3x", wr <= 3))
+    rows.append((f"load of {n:,} steps, fresh process ({load['records']} files, "
+                 f"{load['bytes'] / 1e6:,.1f} MB)", f"{load['seconds']:.2f} s",
+                 "<= 1.5 s at 100k", load["seconds"] <= 1.5 if n >= 100_000 else None))
+    rss = commit["maxrss"] / obj["maxrss"]
+    rows.append((f"peak RSS of the run / the run object alone ({commit['maxrss'] / 1e9:.2f} / "
+                 f"{obj['maxrss'] / 1e9:.2f} GB)", f"{rss:.2f}x", "<= 1.5x", rss <= 1.5))
+    gc_ratio = group_commit_ratio(2000)
+    rows.append(("aexecute_run commits/s, concurrency 64 / 1 (2,000 no-op steps)", f"{gc_ratio:.1f}x",
+                 ">= 5x", gc_ratio >= 5))
+    growth, over_floor = seed_save_run()
+    rows.append(("seed save_run p50, 5,000 / 200 steps", f"{growth:.2f}x", "<= 1.5x", growth <= 1.5))
+    rows.append(("seed save_run p50 / commit of the changed step, 5,000 steps", f"{over_floor:.2f}x",
+                 "<= 3x", over_floor <= 3))
+    s3 = s3_commit_vs_put()
+    s3r = s3["commit_p50"] / s3["put_p50"]
+    rows.append(("S3 commit p50 / bare conditional PUT p50 (moto)", f"{s3r:.2f}x", "<= 1.2x", s3r <= 1.2))
+    rows.append(("S3 storage calls per commit (p50 / max)", f"{s3['calls_p50']:.0f} / {s3['calls_max']:.0f}",
+                 "1", s3["calls_p50"] == 1))
+    lg = langgraph_rows()
+    if lg is None:
+        rows.append(("LangGraph rows (benchmarks/langgraph_put.py --json)", "failed", "", False))
+    else:
+        for name, value, target, ok in lg.get("rows", []):
+            rows.append((f"LangGraph {name}", value, target, ok))
+    t = Table(title=f"issue 12 targets, measured side by side in one run ({n:,} steps)")
+    for col in ("measure", "measured", "target", "ok"):
+        t.add_column(col)
+    for name, value, target, ok in rows:
+        mark = "" if ok is None else ("[green]yes[/green]" if ok else "[red]NO[/red]")
+        t.add_row(name, value, target, mark)
+    console.print(t)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"steps": n, "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
