@@ -78,6 +78,19 @@ class ConflictError(CkptfsError):
         super().__init__(f"{msg}: {detail}" if detail else msg)
 
 
+class BaseRemovedError(ConflictError):
+    """A commit built on a version retention has removed: another writer moved the run on
+    (and pruned) while this one held an old head. Its record was withdrawn; reload the run."""
+
+    def __init__(self, run_id: str, version: int, base: int) -> None:
+        self.run_id = run_id
+        self.version = version
+        self.base = base
+        CkptfsError.__init__(self, f"run {run_id!r}: version {version} not written: the version "
+                             f"it builds on, v{base}, was removed by retention (another writer has "
+                             "moved this run on); reload the run to continue from the newest version")
+
+
 class UnstorableValueError(CkptfsError, ValueError):
     """A commit refused because a load could not give back what it was asked to store.
 

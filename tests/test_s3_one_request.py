@@ -22,7 +22,7 @@ import pytest
 from _fault_proxy import FaultProxy, Request
 
 from backends.s3.embedded import EmbeddedS3
-from ckptfs import AgentRun, CheckpointStore, CompactionPolicy, Step, StepStatus
+from ckptfs import AgentRun, CheckpointStore, CompactionPolicy, ConflictError, Step, StepStatus
 
 # no delta or snapshot in these few commits: what is counted is the commit path alone
 QUIET = CompactionPolicy(fanout=64, max_plan=100, min_snapshot_bytes=10**9, keep_last=0,
@@ -170,3 +170,56 @@ def test_prune_removes_fences_once_their_time_is_up(s3: EmbeddedS3, s3_url: str,
     assert fence in old.deleted and not store.storage.exists(fence)
     fresh = CheckpointStore(s3_url, s3.storage_options).load_run("one")
     assert fresh is not None and fresh.completed_count == 10
+
+
+def test_a_writer_whose_machine_slept_checks_its_base(s3: EmbeddedS3, s3_url: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The monotonic clock stops while a machine is suspended: a writer that committed just
+    before a suspend must not take its head for freshly confirmed when it wakes. Writer B moves
+    the run on and prunes past the fences meanwhile; A's commit is refused, nothing of it stays."""
+    policy = CompactionPolicy(min_snapshot_bytes=1, keep_last=1, fence_seconds=0.5,
+                              background=False)
+    a = CheckpointStore(s3_url, s3.storage_options, policy=policy)
+    run_a = AgentRun(run_id="one", goal="g", steps={"a": Step(id="a", title="a"),
+                                                    "b": Step(id="b", title="b")})
+    a.save_run(run_a)
+    asleep_at = time.monotonic()
+    b = CheckpointStore(s3_url, s3.storage_options, policy=policy)
+    run_b = b.load_run("one")
+    assert run_b is not None
+    for i in range(8):
+        run_b.steps["b"].result, run_b.steps["b"].status = f"B{i}", StepStatus.COMPLETED
+        b.commit(run_b, ["b"])
+        time.sleep(0.15)
+    assert not b.storage.exists("runs/one/log/000000000002.ckpt")  # pruned past its fence
+    run_a.steps["a"].result, run_a.steps["a"].status = "A's work", StepStatus.COMPLETED
+    with monkeypatch.context() as m:  # A's monotonic clock did not run while it slept
+        m.setattr("ckptfs.store.checkpoint_store.time.monotonic", lambda: asleep_at + 0.01)
+        with pytest.raises(ConflictError, match="removed by retention"):
+            a.commit(run_a, ["a"])
+    assert not b.storage.exists("runs/one/log/000000000002.ckpt")  # withdrawn
+    fresh = CheckpointStore(s3_url, s3.storage_options).load_run("one")
+    assert fresh is not None and fresh.steps["a"].result is None
+    assert fresh.steps["b"].result == "B7"
+
+
+def test_fences_expire_while_snapshots_come_faster_than_the_fence(s3: EmbeddedS3,
+                                                                  s3_url: str) -> None:
+    """Snapshots every commit, each pruned by the next: the journal records they covered still
+    go once fence_seconds have passed since those snapshots were written."""
+    policy = CompactionPolicy(min_snapshot_bytes=1, keep_last=1, fence_seconds=0.3,
+                              background=False)
+    store = CheckpointStore(s3_url, s3.storage_options, policy=policy)
+    run = _run(1)
+    store.save_run(run)
+    step = run.steps["s0"]
+    for i in range(30):
+        step.result = f"r{i}"
+        store.commit(run, [step])
+        time.sleep(0.05)
+    logs = [k for k in store.storage.list("runs/one/log/")]
+    assert len(store.storage.list("runs/one/snap/")) == 1
+    assert len(logs) < 15, logs  # 31 versions: those older than the fence time are gone
+    assert "runs/one/log/000000000001.ckpt" not in logs
+    fresh = CheckpointStore(s3_url, s3.storage_options).load_run("one")
+    assert fresh is not None and fresh.steps["s0"].result == "r29"

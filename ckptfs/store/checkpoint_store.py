@@ -37,6 +37,7 @@ from typing import IO, Any
 from pydantic import ValidationError
 
 from ckptfs.errors import (
+    BaseRemovedError,
     CheckpointCorruptError,
     ConflictError,
     InvalidGraphError,
@@ -254,10 +255,10 @@ class CheckpointStore:
         # pruned records as fences for a while (store/retention.py): a head confirmed within
         # half of that needs nothing but the PUT, one request; an older one checks beside it.
         # Local disk checks with two stats every time.
-        started = time.monotonic()
-        check_base = bool(head.version) and not (
-            keeps_fences(self.storage)
-            and started - head.confirmed_at < self.policy.fence_seconds / 2)
+        started = (time.monotonic(), time.time())
+        fenced = bool(head.version) and keeps_fences(self.storage)
+        half = self.policy.fence_seconds / 2
+        check_base = bool(head.version) and not (fenced and head.unconfirmed_for(started) < half)
         base_check = None
         if check_base and self.storage.capabilities.remote:
             base_check = self._io_pool().submit(self._base_exists, run_id, head.version)
@@ -275,6 +276,8 @@ class CheckpointStore:
                 self._forget(run_id)
             raise ConflictError(run_id, version, "reload the run to continue from the newest "
                                 "version") from None
+        if not check_base and fenced and head.unconfirmed_for() >= half:
+            check_base = True  # the PUT itself took long (retried, throttled): check after it
         base_ok = not check_base or (base_check.result() if base_check is not None
                                      else self._base_exists(run_id, head.version))
         if not base_ok:
@@ -282,8 +285,7 @@ class CheckpointStore:
             # pruned version. The record we made is ours: withdraw it.
             self.storage.delete(key)
             self._forget(run_id)
-            raise ConflictError(run_id, version, f"its base version {head.version} was removed "
-                                "by retention: another writer has moved this run on; reload it")
+            raise BaseRemovedError(run_id, version, head.version)
         entry = Entry(0, head.version, head.hash, version, h, self._for_replica(head, changes),
                       len(data))
         head.moved_on(version, steps_changed=bool(changes.steps))
@@ -916,6 +918,7 @@ class CheckpointStore:
                             carried_bytes=info.bytes_read - info.snapshot_bytes)
         if info.snapshot_version:  # decoded by this load: valid, for retention to count
             rc.snapshots.append((info.snapshot_version, time.monotonic()))
+            rc.covers.append(rc.snapshots[-1])
         self._compactor.submit("init", (run_id, rc))
 
     # ---------------------------------------------------------------------- read helpers

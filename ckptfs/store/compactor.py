@@ -102,6 +102,10 @@ class RunCompaction:
     # the snapshots and deltas to delete once below the oldest kept, the journal records
     # already gone (<= logs_gone), and whether earlier processes' files were listed yet.
     snapshots: list[tuple[int, float]] = field(default_factory=list)
+    # Every snapshot version known to exist and when it was first known to (monotonic: it
+    # stops in a suspend, which only makes the fences last longer), kept past the snapshot's
+    # own deletion until the journal records it covers are gone: those go fence_seconds after.
+    covers: list[tuple[int, float]] = field(default_factory=list)
     files: list[RunFile] = field(default_factory=list)
     logs_gone: int = 0
     listed: bool = False
@@ -250,6 +254,7 @@ class Compactor:
                 rc.files.append(RunFile(rc.version, "snap", rc.version, key))
         else:
             rc.snapshots.append((rc.version, time.monotonic()))
+        rc.covers.append((rc.version, time.monotonic()))
         rc.stack.clear()
         rc.snapshot_bytes = len(data)
         rc.carried_reads = rc.carried_bytes = 0
@@ -282,18 +287,20 @@ class Compactor:
         logs_upto = oldest
         if keeps_fences(self._storage):
             now, wait = time.monotonic(), self._policy.fence_seconds
-            logs_upto = max((v for v, t in rc.snapshots if v <= oldest and now - t >= wait),
+            logs_upto = max((v for v, t in rc.covers if v <= oldest and now - t >= wait),
                             default=rc.logs_gone)
         own = [RunFile(v, "snap", v, snap_key(run_id, v)) for v, _t in rc.snapshots if v < oldest]
         doomed = doomed_files([*own, *rc.files], oldest, 0)
         logs = [log_key(run_id, v) for v in range(rc.logs_gone + 1, logs_upto + 1)]
         if not doomed and not logs:
+            rc.covers = [(v, t) for v, t in rc.covers if v > rc.logs_gone]
             return
         self._storage.delete_many([f.key for f in doomed] + logs)
         gone = {f.key for f in doomed}
         rc.files = [f for f in rc.files if f.key not in gone]
         rc.snapshots = [(v, t) for v, t in rc.snapshots if v >= oldest]
         rc.logs_gone = max(rc.logs_gone, logs_upto)
+        rc.covers = [(v, t) for v, t in rc.covers if v > rc.logs_gone]
         logger.debug("run %s: retention removed %d files (oldest kept snapshot v%d)", run_id,
                      len(doomed) + len(logs), oldest)
 

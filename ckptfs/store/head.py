@@ -43,10 +43,12 @@ class Head:
     status: dict[str, str] = field(default_factory=dict)
     tool_log: dict[str, list[ToolCall]] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=lambda: {"total": 0, "completed": 0, "failed": 0})
-    # When this writer last knew its base was stored (monotonic): its own commit's start, or
-    # the head's creation right after a load, which listed the run a load's length before,
-    # negligible beside the minutes a remote store keeps its fences (store/retention.py).
-    confirmed_at: float = field(default_factory=time.monotonic)
+    # When this writer last knew its base was stored: its own commit's start, or the head's
+    # creation right after a load, which listed the run a load's length before (negligible
+    # beside the minutes a remote store keeps its fences, store/retention.py). Both clocks:
+    # the monotonic one stops while the machine is suspended, the wall clock can be set back;
+    # `unconfirmed_for` takes the longer, so neither can make an old head look fresh.
+    confirmed_at: tuple[float, float] = field(default_factory=lambda: (time.monotonic(), time.time()))
     branching: bool = False  # loaded after a fallback: the next commit starts a new branch
     shared: bool = False  # others have committed to this run: catch up before committing
     # save_run's change tracking (module docstring): valid while fast_version == version.
@@ -55,6 +57,11 @@ class Head:
     fast_steps: dict[str, Step] = field(default_factory=dict)  # the run's step objects, in sync
     fast_pos: dict[str, int] = field(default_factory=dict)  # their order in the run
     dirty: dict[int, Step] = field(default_factory=dict)  # reported since: id(step) -> step
+
+    def unconfirmed_for(self, now: tuple[float, float] | None = None) -> float:
+        """Seconds since the head was last confirmed, by whichever clock says longer."""
+        mono, wall = now if now is not None else (time.monotonic(), time.time())
+        return max(mono - self.confirmed_at[0], wall - self.confirmed_at[1])
 
     def counts_after(self, new_status: Mapping[str, str], removed: Iterable[str]) -> dict[str, int]:
         """Step counts once the change lands, computed from the change alone (O(change))."""

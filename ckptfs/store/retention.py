@@ -6,11 +6,14 @@ deleted unless N snapshots validate, so the newest valid one always stays.
 
 Journal records are also the fence of a remote store. A commit is one conditional PUT of the
 next journal key, and it fails only while that key is taken, so on S3 a pruned record stays
-where it is for `fence_seconds` after the snapshot that covers it was written: a writer that
-confirmed its base more recently than half of that (every writer that committed or loaded in
-the last minutes) needs no second request to know its base was not pruned under it, and only
-one idle for longer checks first (store/checkpoint_store.py). Local disk checks its base with
-two stats instead, so its records go at once.
+where it is for at least `fence_seconds`: the writer's compactor deletes it that long after the
+snapshot covering it was written, `ckptfs prune` that long after the record itself was (by the
+store's clock). A writer that confirmed its base more recently than half of that (every writer
+that committed or loaded in the last minutes; measured on the monotonic clock and the wall
+clock, whichever says longer, because the first stops in a suspend) needs no second request to
+know its base was not pruned under it; one idle for longer, or whose PUT itself took that long,
+checks its base too (store/checkpoint_store.py). Local disk checks its base with two stats
+instead, so its records go at once.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 
 from ckptfs.errors import ConfigError, CorruptFileError
 from ckptfs.format import codec
-from ckptfs.format.keys import RunFile, snap_key
+from ckptfs.format.keys import RunFile, log_key
 from ckptfs.storage.base import Storage
 from ckptfs.store.loader import RunLoader
 
@@ -50,19 +53,26 @@ def doomed_files(files: Iterable[RunFile], oldest: int, logs_upto: int) -> list[
             + sorted(f for f in files if f.kind == "log" and f.version <= logs_upto))
 
 
-def fence_floor(storage: Storage, run_id: str, snapshots: Iterable[int], oldest: int,
+def fence_floor(storage: Storage, run_id: str, logs: Iterable[int], oldest: int,
                 fence_seconds: float) -> int:
-    """The highest version up to which journal records may go on a fencing store: that of the
-    newest snapshot at or below `oldest` written more than `fence_seconds` ago (every record
-    it covers is older still). Asks the store's clock, newest first, usually once or twice."""
+    """The highest version up to which journal records may go on a fencing store: the newest
+    record at or below `oldest` written more than `fence_seconds` ago by the store's own clock
+    (records are written in version order, so every one below it is older still). A binary
+    search over the records' times: a few HEADs, whatever snapshots came and went."""
     now = time.time()
-    for v in sorted((s for s in snapshots if s <= oldest), reverse=True):
+    versions = sorted(v for v in logs if v <= oldest)
+    lo, hi, best = 0, len(versions) - 1, 0
+    while lo <= hi:
+        mid = (lo + hi) // 2
         try:
-            if now - storage.modified(snap_key(run_id, v)) >= fence_seconds:
-                return v
-        except FileNotFoundError:
-            continue
-    return 0
+            old = now - storage.modified(log_key(run_id, versions[mid])) >= fence_seconds
+        except FileNotFoundError:  # deleted meanwhile (another prune): as good as old
+            old = True
+        if old:
+            best, lo = versions[mid], mid + 1
+        else:
+            hi = mid - 1
+    return best
 
 
 def apply_retention(loader: RunLoader, run_id: str, keep: int, dry_run: bool = False,
@@ -96,8 +106,8 @@ def apply_retention(loader: RunLoader, run_id: str, keep: int, dry_run: bool = F
     oldest = valid[-1]
     logs_upto = oldest
     if fence_seconds > 0 and keeps_fences(loader.storage):
-        logs_upto = fence_floor(loader.storage, run_id, (f.version for f in snaps), oldest,
-                                fence_seconds)
+        logs_upto = fence_floor(loader.storage, run_id,
+                                (f.version for f in files if f.kind == "log"), oldest, fence_seconds)
     doomed = doomed_files(files, oldest, logs_upto)
     if not dry_run:
         loader.storage.delete_many([f.key for f in doomed])
