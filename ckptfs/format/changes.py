@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfs.format.codec import dumps, is_packed, pack, unpack
+from ckptfs.format.codec import dumps, dumps_key, is_packed, pack, unpack
 
 
 @dataclass
@@ -83,7 +83,7 @@ class Changes:
             if frag is None:
                 removed.append(sid)
                 continue
-            yield (dumps(sid) + b":" if first else b"," + dumps(sid) + b":")
+            yield (dumps_key(sid) + b":" if first else b"," + dumps_key(sid) + b":")
             yield unpack(frag)
             first = False
         yield b'},"removed":'
@@ -91,7 +91,7 @@ class Changes:
         yield b',"tool_log":{'
         first = True
         for sid, calls in self.tool_log.items():
-            yield (b"" if first else b",") + dumps(sid) + b":["
+            yield (b"" if first else b",") + dumps_key(sid) + b":["
             yield b",".join(map(unpack, calls))
             yield b"]"
             first = False

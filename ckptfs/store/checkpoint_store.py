@@ -87,6 +87,7 @@ _GroupPlan = tuple[Changes, dict[str, bytes | None], list[PendingArtifact], list
               list[tuple[str, ToolCall]]]
 
 REFS_FIELD = "$refs"
+STREAM_BODIES_OVER = 8 << 20  # a delta or snapshot body larger than this is encoded streaming
 REFS_MARK = f'"{REFS_FIELD}"'.encode()  # in a step's persisted JSON: it references artifacts
 RESUMABLE_STATUSES = frozenset({"running", "paused", "failed"})
 
@@ -180,9 +181,23 @@ class CheckpointStore:
     def _encode(self, kind: codec.RecordKind, run_id: str, version: int, base: int,
                 base_hash: str, hash_: str, changes: Changes,
                 summary: dict[str, Any] | None = None) -> bytes:
-        # Streamed in pieces: a snapshot is the whole state, which must not be copied whole
-        # (twice, with the header) beside the replica that already holds it.
-        body_sha, body_len = codec.body_digest(changes.chunks())
+        # A large body (a snapshot is the whole state) is streamed in pieces, twice (hashed,
+        # then compressed), so it is never copied whole beside the replica that holds it; a
+        # small one (a delta) is assembled once, which spares unpacking its fragments twice.
+        parts: list[bytes] | None = []
+        size = 0
+        for part in changes.chunks():
+            assert parts is not None
+            parts.append(part)
+            size += len(part)
+            if size > STREAM_BODIES_OVER:
+                parts = None
+                break
+        body = b"".join(parts) if parts is not None else None
+        if body is not None:
+            body_sha, body_len = codec.sha256_hex(body), len(body)
+        else:
+            body_sha, body_len = codec.body_digest(changes.chunks())
         header = codec.RecordHeader(
             format=codec.FORMAT_NAME, format_version=codec.FORMAT_VERSION, kind=kind,
             run_id=run_id, version=version, base=base, base_hash=base_hash, hash=hash_,
@@ -191,6 +206,8 @@ class CheckpointStore:
         )
         # Checked against the reader's limit, as a journal record is: a delta or snapshot no
         # load can decode must not be written (retention would count it as a kept snapshot).
+        if body is not None:
+            return codec.encode(header, body, self.compression_level, self.max_decoded_bytes)
         return codec.encode_parts(header, changes.chunks, body_len, self.compression_level,
                                   self.max_decoded_bytes)
 
@@ -286,8 +303,8 @@ class CheckpointStore:
             self.storage.delete(key)
             self._forget(run_id)
             raise BaseRemovedError(run_id, version, head.version)
-        entry = Entry(0, head.version, head.hash, version, h, self._for_replica(head, changes),
-                      len(data))
+        entry = Entry(0, head.version, head.hash, version, h, changes, len(data),
+                      replica=self._for_replica(head, changes))
         head.moved_on(version, steps_changed=bool(changes.steps))
         head.version, head.hash, head.next_version = version, h, version + 1
         head.confirmed_at = started
