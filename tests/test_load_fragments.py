@@ -307,3 +307,32 @@ def test_a_load_leaves_the_collector_as_it_was(tmp_path: Path) -> None:
         del run
         gc.collect()
         assert ref() is None
+
+
+def test_records_below_the_oldest_snapshot_are_used_when_no_snapshot_loads(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A load of the newest version leaves journal records below the oldest snapshot unread;
+    when every snapshot is damaged it loads again with them, from version 0 (no delta starts
+    there: fanout 64, so the journal is the only way)."""
+    url = str(tmp_path / "store")
+    store = CheckpointStore(url, policy=dataclasses.replace(INLINE, min_snapshot_bytes=1500, fanout=64, max_plan=100))
+    run = _run(12)
+    store.save_run(run)
+    for sid in list(run.steps):
+        store.commit(run, [_finish(run, sid, "x" * 400)])
+    store.close()
+    snaps = sorted((tmp_path / "store" / "runs" / RUN / "snap").iterdir())
+    assert snaps and snaps[0].name > "000000000002.ckpt", snaps  # records below the oldest
+    assert (tmp_path / "store" / "runs" / RUN / "log" / "000000000001.ckpt").exists()
+    fresh = CheckpointStore(url)
+    assert fresh.load_run(RUN) == run
+    for snap in snaps:  # every snapshot damaged: only the journal from v0 is left to load
+        data = bytearray(snap.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        snap.write_bytes(bytes(data))
+    again = CheckpointStore(url)
+    with caplog.at_level(logging.INFO, logger="ckptfs.store.loader"):
+        loaded = again.load_run(RUN)
+    assert loaded == run
+    assert again.last_load is not None and again.last_load.snapshot_version == 0
+    assert "loading again with the records below its oldest snapshot" in caplog.text

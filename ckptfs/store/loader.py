@@ -34,7 +34,7 @@ from ckptfs.errors import (
 )
 from ckptfs.format import codec
 from ckptfs.format.changes import apply_body
-from ckptfs.format.keys import RunFile, parse_run_key, run_prefix
+from ckptfs.format.keys import RunFile, log_key, parse_run_key, run_prefix
 from ckptfs.format.models import AgentRun, ArtifactRef, ToolCall, graph_problems
 from ckptfs.format.reader import (
     REFS_FIELD,
@@ -186,7 +186,44 @@ class RunLoader:
         format (a newer ckptfs wrote it: falling back past it would lose its commits), and
         FileNotFoundError when a file vanished meanwhile (the caller loads again).
         """
-        files = self.run_files(run_id)
+        keys = self.storage.list(run_prefix(run_id))
+        if target is None:
+            files, below = self._recent_files(run_id, keys)
+            if below:
+                try:
+                    return self._load_files(run_id, None, resolve, files)
+                except CheckpointCorruptError:  # no snapshot loads: the chain from v0 may
+                    logger.info("run %s: loading again with the records below its oldest "
+                                "snapshot", run_id)
+        files = [rf for key in keys if (rf := parse_run_key(key))]
+        if not files:
+            return None
+        return self._load_files(run_id, target, resolve, files)
+
+    @staticmethod
+    def _recent_files(run_id: str, keys: list[str]) -> tuple[list[RunFile], bool]:
+        """The files a load of the newest version can use while a snapshot loads: journal
+        records below the oldest snapshot are left unparsed (a long run keeps tens of
+        thousands there until retention reaches them, or as fences on S3). True if any were
+        left out: a load that finds no snapshot usable is made again with them (from v0)."""
+        prefix = run_prefix(run_id)
+        snaps = [rf.version for k in keys if k.startswith(prefix + "snap/")
+                 and (rf := parse_run_key(k)) is not None]
+        if not snaps:
+            return [rf for key in keys if (rf := parse_run_key(key))], False
+        floor, logs = log_key(run_id, min(snaps)), prefix + "log/"
+        out: list[RunFile] = []
+        below = False
+        for key in keys:
+            if key < floor and key.startswith(logs):  # fixed-width names: string order is version order
+                below = True
+                continue
+            if (rf := parse_run_key(key)) is not None:
+                out.append(rf)
+        return out, below
+
+    def _load_files(self, run_id: str, target: int | None, resolve: bool,
+                    files: list[RunFile]) -> Loaded | None:
         if not files:
             return None
         max_seen = max(f.version for f in files)
