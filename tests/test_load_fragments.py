@@ -315,7 +315,8 @@ def test_records_below_the_oldest_snapshot_are_used_when_no_snapshot_loads(
     when every snapshot is damaged it loads again with them, from version 0 (no delta starts
     there: fanout 64, so the journal is the only way)."""
     url = str(tmp_path / "store")
-    store = CheckpointStore(url, policy=dataclasses.replace(INLINE, min_snapshot_bytes=1500, fanout=64, max_plan=100))
+    policy = dataclasses.replace(INLINE, min_snapshot_bytes=1500, fanout=64, max_plan=100)
+    store = CheckpointStore(url, policy=policy)
     run = _run(12)
     store.save_run(run)
     for sid in list(run.steps):
