@@ -21,7 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -54,7 +54,8 @@ def text(rng: random.Random, n: int) -> str:
 
 
 class CountingStorage(Storage):
-    """Delegates to a real Storage and counts what crosses the boundary."""
+    """Delegates to a real Storage and counts what crosses the boundary (`calls`: every call,
+    one request each on S3 unless retried)."""
 
     def __init__(self, inner: Storage) -> None:
         super().__init__(inner.url, inner.options)
@@ -64,10 +65,12 @@ class CountingStorage(Storage):
         self.puts = 0
         self.gets = 0
         self.lists = 0
+        self.calls = 0
 
     def _w(self, data: bytes) -> None:
         self.bytes_written += len(data)
         self.puts += 1
+        self.calls += 1
 
     def put(self, key: str, data: bytes) -> str:
         self._w(data)
@@ -83,27 +86,42 @@ class CountingStorage(Storage):
 
     def get_with_etag(self, key: str) -> tuple[bytes, str]:
         self.gets += 1
+        self.calls += 1
         return self.inner.get_with_etag(key)
 
     def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
         self.lists += 1
+        self.calls += 1
         return self.inner.list(prefix, start_after)
 
     def list_dirs(self, prefix: str) -> list[str]:
         self.lists += 1
+        self.calls += 1
         return self.inner.list_dirs(prefix)
 
     def delete(self, key: str) -> None:
+        self.calls += 1
         self.inner.delete(key)
 
+    def delete_many(self, keys: Sequence[str]) -> None:
+        self.calls += 1
+        self.inner.delete_many(keys)
+
     def size(self, key: str) -> int:
+        self.calls += 1
         return self.inner.size(key)
 
+    def modified(self, key: str) -> float:
+        self.calls += 1
+        return self.inner.modified(key)
+
     def put_stream(self, key: str, src: IO[bytes], exclusive: bool = False) -> None:
+        self.calls += 1
         self.inner.put_stream(key, src, exclusive)
 
     def open_read(self, key: str) -> IO[bytes]:
         self.gets += 1
+        self.calls += 1
         return self.inner.open_read(key)
 
 

@@ -36,17 +36,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from commit_latency import CountingStorage
 from rich.console import Console
 from rich.table import Table
 
 from ckptfs import CheckpointStore
 from ckptfs.format.changes import Changes
-from ckptfs.storage.base import Storage
 from ckptfs.storage.registry import open_storage
 
 HERE = Path(__file__).resolve().parent
@@ -62,72 +62,6 @@ def _maxrss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-class Counting(Storage):
-    """Delegates to a real Storage; counts calls and bytes written (every call is one request
-    on S3 unless retried)."""
-
-    def __init__(self, inner: Storage) -> None:
-        super().__init__(inner.url, inner.options)
-        self.inner = inner
-        self.capabilities = inner.capabilities  # type: ignore[misc]
-        self.calls = 0
-        self.bytes_written = 0
-
-    def _n(self) -> None:
-        self.calls += 1
-
-    def put(self, key: str, data: bytes) -> str:
-        self._n()
-        self.bytes_written += len(data)
-        return self.inner.put(key, data)
-
-    def put_if_absent(self, key: str, data: bytes) -> str:
-        self._n()
-        self.bytes_written += len(data)
-        return self.inner.put_if_absent(key, data)
-
-    def put_if_match(self, key: str, data: bytes, etag: str) -> str:
-        self._n()
-        self.bytes_written += len(data)
-        return self.inner.put_if_match(key, data, etag)
-
-    def get_with_etag(self, key: str) -> tuple[bytes, str]:
-        self._n()
-        return self.inner.get_with_etag(key)
-
-    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
-        self._n()
-        return self.inner.list(prefix, start_after)
-
-    def list_dirs(self, prefix: str) -> list[str]:
-        self._n()
-        return self.inner.list_dirs(prefix)
-
-    def delete(self, key: str) -> None:
-        self._n()
-        self.inner.delete(key)
-
-    def delete_many(self, keys: Any) -> None:
-        self._n()
-        self.inner.delete_many(keys)
-
-    def size(self, key: str) -> int:
-        self._n()
-        return self.inner.size(key)
-
-    def modified(self, key: str) -> float:
-        self._n()
-        return self.inner.modified(key)
-
-    def put_stream(self, key: str, src: IO[bytes], exclusive: bool = False) -> None:
-        self._n()
-        self.inner.put_stream(key, src, exclusive)
-
-    def open_read(self, key: str) -> IO[bytes]:
-        self._n()
-        return self.inner.open_read(key)
-
-
 # ----------------------------------------------------------------------- child processes
 
 def child_commit(url: str, n: int, out: str) -> None:
@@ -135,7 +69,7 @@ def child_commit(url: str, n: int, out: str) -> None:
     from commit_latency import finish_step, floor_commit_one, make_run
 
     rng = random.Random(7)
-    counting = Counting(open_storage(url, {}))
+    counting = CountingStorage(open_storage(url, {}))
     store = CheckpointStore(url, storage=counting)
     run = make_run(n, "scale")
     store.save_run(run)
@@ -219,7 +153,7 @@ def s3_commit_vs_put(n: int = 300) -> dict[str, float]:
     rng = random.Random(3)
     with EmbeddedS3(bucket="scale") as s3:
         url = s3.url("p")
-        counting = Counting(open_storage(url, s3.storage_options))
+        counting = CountingStorage(open_storage(url, s3.storage_options))
         store = CheckpointStore(url, storage=counting)
         run = make_run(n, "s3")
         store.save_run(run)
@@ -350,7 +284,7 @@ def main() -> int:
         rows.append(("LangGraph rows (benchmarks/langgraph_put.py --json)", "failed", "", False))
     else:
         for name, value, target, ok in lg.get("rows", []):
-            rows.append((f"LangGraph {name}", value, target, ok))
+            rows.append((name, value, target, ok))
     t = Table(title=f"issue 12 targets, measured side by side in one run ({n:,} steps)")
     for col in ("measure", "measured", "target", "ok"):
         t.add_column(col)

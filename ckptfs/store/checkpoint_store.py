@@ -69,6 +69,7 @@ from ckptfs.format.models import (
     find_cycle,
     validate_id,
 )
+from ckptfs.format.reader import REFS_FIELD
 from ckptfs.storage.base import Storage
 from ckptfs.storage.registry import open_storage
 from ckptfs.store.artifacts import ArtifactSource, ArtifactStore
@@ -86,7 +87,6 @@ logger = logging.getLogger(__name__)
 _GroupPlan = tuple[Changes, dict[str, bytes | None], list[PendingArtifact], list[Step],
               list[tuple[str, ToolCall]]]
 
-REFS_FIELD = "$refs"
 STREAM_BODIES_OVER = 8 << 20  # a delta or snapshot body larger than this is encoded streaming
 REFS_MARK = f'"{REFS_FIELD}"'.encode()  # in a step's persisted JSON: it references artifacts
 RESUMABLE_STATUSES = frozenset({"running", "paused", "failed"})
