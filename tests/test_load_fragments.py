@@ -309,11 +309,12 @@ def test_a_load_leaves_the_collector_as_it_was(tmp_path: Path) -> None:
         assert ref() is None
 
 
-def test_records_below_the_oldest_snapshot_are_used_when_no_snapshot_loads(
+def test_records_below_the_newest_snapshot_are_used_when_it_does_not_load(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """A load of the newest version leaves journal records below the oldest snapshot unread;
-    when every snapshot is damaged it loads again with them, from version 0 (no delta starts
-    there: fanout 64, so the journal is the only way)."""
+    """A load of the newest version leaves journal records below the newest snapshot unread;
+    when that snapshot is damaged it loads again with them: from the older snapshot and the
+    records between, and with every snapshot damaged from version 0 (no delta starts there:
+    fanout 64, so the journal is the only way)."""
     url = str(tmp_path / "store")
     policy = dataclasses.replace(INLINE, min_snapshot_bytes=1500, fanout=64, max_plan=100)
     store = CheckpointStore(url, policy=policy)
@@ -327,13 +328,23 @@ def test_records_below_the_oldest_snapshot_are_used_when_no_snapshot_loads(
     assert (tmp_path / "store" / "runs" / RUN / "log" / "000000000001.ckpt").exists()
     fresh = CheckpointStore(url)
     assert fresh.load_run(RUN) == run
-    for snap in snaps:  # every snapshot damaged: only the journal from v0 is left to load
+
+    def damage(snap: Path) -> None:
         data = bytearray(snap.read_bytes())
         data[len(data) // 2] ^= 0xFF
         snap.write_bytes(bytes(data))
+
+    assert len(snaps) >= 2, snaps
+    damage(snaps[-1])  # the newest: the older one and the records between give the same state
+    older = CheckpointStore(url)
+    assert older.load_run(RUN) == run
+    assert older.last_load is not None and older.last_load.version == len(run.steps) + 1
+    assert older.last_load.snapshot_version == int(snaps[-2].name.split(".")[0])
+    for snap in snaps[:-1]:  # every snapshot damaged: only the journal from v0 is left to load
+        damage(snap)
     again = CheckpointStore(url)
     with caplog.at_level(logging.INFO, logger="ckptfs.store.loader"):
         loaded = again.load_run(RUN)
     assert loaded == run
     assert again.last_load is not None and again.last_load.snapshot_version == 0
-    assert "loading again with the records below its oldest snapshot" in caplog.text
+    assert "loading again with the records below its newest snapshot" in caplog.text

@@ -188,30 +188,36 @@ class RunLoader:
         """
         keys = self.storage.list(run_prefix(run_id))
         if target is None:
-            files, below = self._recent_files(run_id, keys)
-            if below:
+            files, newest = self._recent_files(run_id, keys)
+            if newest:
                 try:
-                    return self._load_files(run_id, None, resolve, files)
-                except CheckpointCorruptError:  # no snapshot loads: the chain from v0 may
-                    logger.info("run %s: loading again with the records below its oldest "
-                                "snapshot", run_id)
+                    got = self._load_files(run_id, None, resolve, files)
+                except CheckpointCorruptError:
+                    got = None
+                if got is not None and got.info.snapshot_version == newest:
+                    return got  # what a load of every file gives: it starts there too
+                # the newest snapshot did not load: an older one needs the records between
+                logger.info("run %s: loading again with the records below its newest snapshot",
+                            run_id)
         files = [rf for key in keys if (rf := parse_run_key(key))]
         if not files:
             return None
         return self._load_files(run_id, target, resolve, files)
 
     @staticmethod
-    def _recent_files(run_id: str, keys: list[str]) -> tuple[list[RunFile], bool]:
-        """The files a load of the newest version can use while a snapshot loads: journal
-        records below the oldest snapshot are left unparsed (a long run keeps tens of
-        thousands there until retention reaches them, or as fences on S3). True if any were
-        left out: a load that finds no snapshot usable is made again with them (from v0)."""
+    def _recent_files(run_id: str, keys: list[str]) -> tuple[list[RunFile], int]:
+        """The files a load of the newest version reads while the newest snapshot loads:
+        journal records below it are left unparsed (a long run keeps tens of thousands there,
+        back to its oldest kept snapshot, for fallbacks and restore points; on S3 fences too).
+        Returns that snapshot's version (0: nothing was left out, use every file). A load that
+        does not start at that snapshot is made again with every file."""
         prefix = run_prefix(run_id)
         snaps = [rf.version for k in keys if k.startswith(prefix + "snap/")
                  and (rf := parse_run_key(k)) is not None]
         if not snaps:
-            return [rf for key in keys if (rf := parse_run_key(key))], False
-        floor, logs = log_key(run_id, min(snaps)), prefix + "log/"
+            return [], 0
+        newest = max(snaps)
+        floor, logs = log_key(run_id, newest), prefix + "log/"
         out: list[RunFile] = []
         below = False
         for key in keys:
@@ -220,7 +226,7 @@ class RunLoader:
                 continue
             if (rf := parse_run_key(key)) is not None:
                 out.append(rf)
-        return out, below
+        return (out, newest) if below else ([], 0)
 
     def _load_files(self, run_id: str, target: int | None, resolve: bool,
                     files: list[RunFile]) -> Loaded | None:
