@@ -184,16 +184,17 @@ class CheckpointStore:
         # A large body (a snapshot is the whole state) is streamed in pieces, twice (hashed,
         # then compressed), so it is never copied whole beside the replica that holds it; a
         # small one (a delta) is assembled once, which spares unpacking its fragments twice.
-        parts: list[bytes] | None = []
+        parts: list[bytes] = []
         size = 0
+        body: bytes | None = None
         for part in changes.chunks():
-            assert parts is not None
             parts.append(part)
             size += len(part)
             if size > STREAM_BODIES_OVER:
-                parts = None
                 break
-        body = b"".join(parts) if parts is not None else None
+        else:
+            body = b"".join(parts)
+        del parts
         if body is not None:
             body_sha, body_len = codec.sha256_hex(body), len(body)
         else:
