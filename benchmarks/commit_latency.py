@@ -80,6 +80,11 @@ class CountingStorage(Storage):
         self._w(data)
         return self.inner.put_if_absent(key, data)
 
+    def put_if_absent_beside(self, key: str, data: bytes, witness: str) -> bool:
+        self._w(data)
+        self.calls += 1  # the witness's stat (a HEAD, on S3)
+        return self.inner.put_if_absent_beside(key, data, witness)
+
     def put_if_match(self, key: str, data: bytes, etag: str) -> str:
         self._w(data)
         return self.inner.put_if_match(key, data, etag)

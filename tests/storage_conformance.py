@@ -29,6 +29,20 @@ class StorageConformance:
             storage.put_if_absent("x/v1", b"second")
         assert storage.get("x/v1") == b"first"
 
+    def test_put_if_absent_beside_tells_whether_the_witness_exists(self, storage: Storage) -> None:
+        storage.put_if_absent("w/log/1", b"base")
+        assert storage.put_if_absent_beside("w/log/2", b"two", "w/log/1") is True
+        assert storage.put_if_absent_beside("w/log/3", b"three", "w/log/9") is False
+        assert storage.put_if_absent_beside("w/log/4", b"four", "w/snap/1") is False  # elsewhere
+        storage.put("w/snap/1", b"s")
+        assert storage.put_if_absent_beside("w/log/5", b"five", "w/snap/1") is True
+        storage.delete("w/log/1")
+        assert storage.put_if_absent_beside("w/log/6", b"six", "w/log/1") is False
+        with pytest.raises(FileExistsError):  # refused like put_if_absent, nothing replaced
+            storage.put_if_absent_beside("w/log/2", b"again", "w/log/1")
+        assert [storage.get(f"w/log/{i}") for i in (2, 3, 4, 5, 6)] == [
+            b"two", b"three", b"four", b"five", b"six"]
+
     def test_put_if_absent_concurrent_threads_one_winner(self, storage: Storage) -> None:
         wins: list[int] = []
         losses: list[int] = []

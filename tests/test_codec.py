@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ckptfs.errors import CorruptFileError, DecodeLimitError, UnsupportedFormatError
 from ckptfs.format import codec
@@ -131,3 +133,35 @@ def test_journal_hash_must_follow_from_base() -> None:
 def test_nan_is_refused_at_encode() -> None:
     with pytest.raises(ValueError):
         codec.dumps({"x": float("nan")})
+
+
+# The header as the reader insists on it (a canonical layout) is defined by json.dumps; the
+# writer spells the usual headers out field by field, which must give the very same bytes.
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(run_id=st.text(), writer=st.text(), kind=st.sampled_from(["journal", "delta", "snapshot"]),
+       version=st.integers(min_value=0, max_value=10**15), base=st.integers(min_value=0),
+       t=st.floats(allow_nan=True, allow_infinity=True),
+       summary=st.dictionaries(st.text(), _json_values, max_size=5),
+       digest=st.text(alphabet="0123456789abcdef\"\\\u2028é\x00\x1f", max_size=64))
+def test_header_prefix_is_exactly_what_json_dumps_writes(
+        run_id: str, writer: str, kind: str, version: int, base: int, t: float,
+        summary: dict[str, object], digest: str) -> None:
+    header = codec.RecordHeader(
+        format="ckptfs", format_version=1, kind=kind, run_id=run_id, version=version,  # type: ignore[arg-type]
+        base=base, base_hash=digest, hash=digest[::-1], body_sha256=digest, writer=writer,
+        time=t, summary=summary)
+    try:
+        expected: bytes | type[Exception] = codec._prefix_by_dumps(header)
+    except (UnicodeEncodeError, ValueError) as exc:  # a lone surrogate; an int over the digit limit
+        expected = type(exc)
+    if isinstance(expected, bytes):
+        assert codec._prefix(header) == expected
+    else:
+        with pytest.raises(expected):
+            codec._prefix(header)

@@ -44,6 +44,34 @@ class TestLocal(StorageConformance):
         assert st.get("a") == b"1"
         assert os.listdir(tmp_path / "s") == ["a"]
 
+    @pytest.mark.parametrize("kind", ["symlink", "directory", "fifo", "dangling symlink"])
+    def test_put_if_absent_beside_judges_a_strange_witness_as_exists_does(
+            self, tmp_path: Path, kind: str) -> None:
+        st = open_storage(str(tmp_path / "s"))
+        st.put("elsewhere/real", b"outside")
+        st.put_if_absent("r/log/1", b"base")
+        os.unlink(tmp_path / "s/r/log/1")
+        witness = tmp_path / "s/r/log/1"
+        if kind == "symlink":
+            witness.symlink_to(tmp_path / "s/elsewhere/real")
+        elif kind == "dangling symlink":
+            witness.symlink_to(tmp_path / "nowhere")
+        elif kind == "directory":
+            witness.mkdir()
+        else:
+            os.mkfifo(witness)
+        try:
+            expected: bool | type[Exception] = st.exists("r/log/1")
+        except Exception as exc:
+            expected = type(exc)
+        if isinstance(expected, bool):
+            assert st.put_if_absent_beside("r/log/2", b"two", "r/log/1") is expected
+        else:
+            with pytest.raises(expected):
+                st.put_if_absent_beside("r/log/2", b"two", "r/log/1")
+        assert st.get("r/log/2") == b"two"  # created either way, as put_if_absent then exists did
+        assert (tmp_path / "s/elsewhere/real").read_bytes() == b"outside"
+
     def test_store_root_that_is_a_file_is_unavailable(self, tmp_path: Path) -> None:
         from ckptfs.errors import StorageUnavailableError
 

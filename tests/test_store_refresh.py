@@ -4,6 +4,7 @@ what they committed since it last looked, and still compacts; any doubt means a 
 from __future__ import annotations
 
 import collections
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,9 @@ def test_a_writer_that_has_seen_others_catches_up_before_committing(tmp_path: Pa
             raise
 
     b.storage.put_if_absent = put_if_absent  # type: ignore[method-assign]
+    # commits come through put_if_absent_beside on disk: its general form calls the patch
+    b.storage.put_if_absent_beside = functools.partial(  # type: ignore[method-assign]
+        Storage.put_if_absent_beside, b.storage)
     views = {st: st.load_run("r") for st in (a, b)}
     for i in range(8):  # alternate, each from the view it loaded at the start
         st, lm = (a, la) if i % 2 == 0 else (b, lb)

@@ -87,7 +87,7 @@ class Changes:
             yield unpack(frag)
             first = False
         yield b'},"removed":'
-        yield dumps(removed)
+        yield dumps(removed) if removed else b"[]"
         yield b',"tool_log":{'
         first = True
         for sid, calls in self.tool_log.items():

@@ -184,6 +184,15 @@ class Storage(ABC):
         for key in keys:
             self.delete(key)
 
+    def put_if_absent_beside(self, key: str, data: bytes, witness: str) -> bool:
+        """`put_if_absent`, then whether `witness` exists: a commit and the check, after it,
+        that the version it builds on was not pruned meanwhile (store/retention.py). One call
+        so a backend may do both together: local disk stats a witness in the key's directory
+        through the directory fd the create already holds, where `exists` walks to it again
+        from the root (two of those were a tenth of a local commit's own cost)."""
+        self.put_if_absent(key, data)
+        return self.exists(witness)
+
     def exists(self, key: str) -> bool:
         try:
             self.size(key)

@@ -276,6 +276,27 @@ class LocalStorage(Storage):
             os.close(dfd)
         return etag
 
+    def put_if_absent_beside(self, key: str, data: bytes, witness: str) -> bool:
+        dirs, name = self._split(key)
+        wdirs, wname = self._split(witness)
+        if wdirs != dirs:
+            return super().put_if_absent_beside(key, data, witness)
+        dfd, name = self._dir_for_write(key)
+        try:
+            tmp, _etag = self._write_temp(dfd, name, key, lambda fd: self._write_all(fd, data))
+            self._commit(dfd, tmp, name, key, exclusive=True)
+            try:
+                st = os.stat(wname, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                return False
+            except OSError:
+                st = None
+        finally:
+            os.close(dfd)
+        if st is not None and stat.S_ISREG(st.st_mode):
+            return True
+        return self.exists(witness)  # anything but a regular file: exactly what `exists` says
+
     def put_if_match(self, key: str, data: bytes, etag: str) -> str:
         import fcntl
 

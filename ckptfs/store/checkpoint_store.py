@@ -88,7 +88,6 @@ _GroupPlan = tuple[Changes, dict[str, bytes | None], list[PendingArtifact], list
               list[tuple[str, ToolCall]]]
 
 STREAM_BODIES_OVER = 8 << 20  # a delta or snapshot body larger than this is encoded streaming
-REFS_MARK = f'"{REFS_FIELD}"'.encode()  # in a step's persisted JSON: it references artifacts
 RESUMABLE_STATUSES = frozenset({"running", "paused", "failed"})
 
 
@@ -239,7 +238,8 @@ class CheckpointStore:
         held by something no load sees is KeyOccupiedError, not a race to retry forever.
         """
         head = self._heads[run_id]
-        new_status = {s.id: s.status.value for s in changed_steps}
+        head.adopt_packed()
+        new_status = {s.id: s.status._value_ for s in changed_steps}  # not the .value property
         new_deps = {s.id: tuple(s.dependencies) for s in changed_steps}
         removed = list(removed)
         self._check_graph(run_id, head, changed_steps, new_deps, set(removed))
@@ -272,16 +272,21 @@ class CheckpointStore:
         # records, so the commit must know its base is still stored. A remote store keeps
         # pruned records as fences for a while (store/retention.py): a head confirmed within
         # half of that needs nothing but the PUT, one request; an older one checks beside it.
-        # Local disk checks with two stats every time.
+        # Local disk checks every time, with a stat of the base's record beside the create.
         started = (time.monotonic(), time.time())
         fenced = bool(head.version) and keeps_fences(self.storage)
         half = self.policy.fence_seconds / 2
         check_base = bool(head.version) and not (fenced and head.unconfirmed_for(started) < half)
         base_check = None
+        base_seen = False
         if check_base and self.storage.capabilities.remote:
             base_check = self._io_pool().submit(self._base_exists, run_id, head.version)
         try:
-            self.storage.put_if_absent(key, data)
+            if check_base and base_check is None:
+                base_seen = self.storage.put_if_absent_beside(key, data,
+                                                              log_key(run_id, head.version))
+            else:
+                self.storage.put_if_absent(key, data)
         except FileExistsError:
             if not self._listed(run_id, version):
                 # No load sees what holds the key (on disk, a directory by that name): a reload
@@ -296,16 +301,19 @@ class CheckpointStore:
                                 "version") from None
         if not check_base and fenced and head.unconfirmed_for() >= half:
             check_base = True  # the PUT itself took long (retried, throttled): check after it
-        base_ok = not check_base or (base_check.result() if base_check is not None
-                                     else self._base_exists(run_id, head.version))
+        base_ok = not check_base or base_seen or (
+            base_check.result() if base_check is not None
+            else self._base_exists(run_id, head.version))  # a snapshot or delta ending there
         if not base_ok:
             # A writer whose head is older than the oldest kept snapshot just re-created a
             # pruned version. The record we made is ours: withdraw it.
             self.storage.delete(key)
             self._forget(run_id)
             raise BaseRemovedError(run_id, version, head.version)
+        plain = {sid: mj for sid in changes.steps
+                 if (mj := head.steps_cmp.get(sid)) is not None and not codec.is_packed(mj)}
         entry = Entry(0, head.version, head.hash, version, h, changes, len(data),
-                      replica=self._for_replica(head, changes))
+                      head_plain=plain, packed_back=head.packed_later if plain else None)
         head.moved_on(version, steps_changed=bool(changes.steps))
         head.version, head.hash, head.next_version = version, h, version + 1
         head.confirmed_at = started
@@ -328,20 +336,6 @@ class CheckpointStore:
                                "fall back past it", run_id, version)
             head.branching = False
         return version
-
-    @staticmethod
-    def _for_replica(head: Head, changes: Changes) -> Changes:
-        """The committed changes as the compactor keeps them: a step's fragment that is its
-        model JSON (no artifact reference in it) is the very packed bytes the head now holds,
-        so a long run's state is in memory once, compressed, not once per holder. The
-        compactor packs what is left (codec.pack)."""
-        steps: dict[str, bytes | None] = {}
-        for sid, frag in changes.steps.items():
-            cmp = head.steps_cmp.get(sid)
-            shared = (frag is not None and cmp is not None and codec.is_packed(cmp)
-                      and REFS_MARK not in frag)
-            steps[sid] = cmp if shared else frag
-        return Changes(changes.run, steps, changes.tool_log)
 
     def _listed(self, run_id: str, version: int) -> bool:
         """Whether a listing, and so a reload, sees the journal key of `version` (asked after
@@ -473,10 +467,11 @@ class CheckpointStore:
         for step in steps:
             model_json = self._values.model_json_of(step, head.run_id, step.id)
             old = head.steps_cmp.get(step.id)
-            # The head keeps what it committed packed (codec.pack), or as loaded; packing is
-            # deterministic, so comparing packed forms is comparing the JSON.
-            packed = codec.pack(model_json) if old is None or codec.is_packed(old) else model_json
-            if old == packed:
+            # The head holds each step's JSON plain (as loaded, or just committed) or packed
+            # (codec.pack, by the compactor after a commit): compared unpacked, and only when
+            # the lengths agree (the packed frame states its content size).
+            if old is not None and (old == model_json if not codec.is_packed(old)
+                                    else codec.packed_equals(old, model_json)):
                 # NaN in an optional float (started_at) serialises as null, the bytes of None:
                 # "no change" must not acknowledge a value the caller's run holds and no load has
                 self._values.check_optional_floats(head.run_id, step)
@@ -484,7 +479,7 @@ class CheckpointStore:
             self._values.check_storable(head.run_id, step.id, step)
             changes.steps[step.id] = self._values.offload_step(step, model_json, pending)
             undo.setdefault(step.id, old)
-            head.steps_cmp[step.id] = packed if packed is not model_json else codec.pack(model_json)
+            head.steps_cmp[step.id] = model_json  # packed off the commit path (_commit)
             changed.append(step)
         return changed
 
@@ -910,8 +905,10 @@ class CheckpointStore:
         else:
             head.steps_cmp = {sid: as_model.get(sid) or step.model_dump_json().encode()
                               for sid, step in steps.items()}
-        head.deps = {sid: tuple(step.__dict__["dependencies"]) for sid, step in steps.items()}
-        head.status = {sid: step.__dict__["status"].value for sid, step in steps.items()}
+        head.deps = {sid: tuple(d) if (d := step.__dict__["dependencies"]) else ()
+                     for sid, step in steps.items()}
+        # `_value_`, the enum member's own attribute: `.value` is a property, 0.7 us a step
+        head.status = {sid: step.__dict__["status"]._value_ for sid, step in steps.items()}
         replica.steps = dict(head.steps_cmp)
         for sid in refs:  # their persisted form: references, not the values
             replica.steps[sid] = stored.get(sid) or codec.dumps(state_steps[sid])

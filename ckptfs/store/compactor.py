@@ -84,11 +84,16 @@ class Entry:
     hash: str
     changes: Changes
     size: int
-    # What the replica merges for a journal record: its fragments packed (codec.pack), the very
-    # bytes the writer's head holds where it can (CheckpointStore._for_replica); None: pack
-    # `changes`. A level-0 entry keeps `changes` as written, so its delta is encoded without
-    # unpacking; merged entries hold packed fragments only.
+    # What the replica merges: `changes` packed (codec.pack) when None. A level-0 entry keeps
+    # `changes` as written, so its delta is encoded without unpacking; merged entries hold
+    # packed fragments only.
     replica: Changes | None = None
+    # Steps whose model JSON the writer's head took plain (the commit does not pack, 15 us
+    # it would wait for): each goes back packed, as (step id, the head's very bytes, packed),
+    # for the head to adopt (Head.adopt_packed). The replica's packed fragment is reused
+    # where the record holds those same bytes, so the head and the replica share one copy.
+    head_plain: dict[str, bytes] = field(default_factory=dict)
+    packed_back: collections.deque[tuple[str, bytes, bytes]] | None = None
 
 
 @dataclass
@@ -224,11 +229,12 @@ class Compactor:
             self._runs.pop(payload, None)
             return
         run_id, entry = payload
+        packed = entry.replica if entry.replica is not None else entry.changes.packed()
+        entry.replica = None
+        self._pack_back(entry, packed)
         rc = self._runs.get(run_id)
         if rc is None or rc.version != entry.base:
             return  # this process no longer owns the run's head; nothing consistent to merge
-        packed = entry.replica if entry.replica is not None else entry.changes.packed()
-        entry.replica = None
         rc.replica.merge(packed, full_state=True)
         rc.version, rc.hash = entry.version, entry.hash
         rc.stack.append(entry)
@@ -241,6 +247,17 @@ class Compactor:
         due = max(rc.snapshot_bytes * self._policy.snapshot_ratio, self._policy.min_snapshot_bytes)
         if reads > self._policy.max_plan or pending >= due:
             self._snapshot(encode, run_id, rc)
+
+    @staticmethod
+    def _pack_back(entry: Entry, packed: Changes) -> None:
+        back, plain = entry.packed_back, entry.head_plain
+        if back is None or not plain:
+            return
+        written = entry.changes.steps
+        for sid, mj in plain.items():
+            frag = packed.steps.get(sid) if written.get(sid) is mj else None
+            back.append((sid, mj, frag if frag is not None else codec.pack(mj)))
+        entry.head_plain = {}
 
     def _merge_levels(self, encode: Encode, run_id: str, rc: RunCompaction) -> None:
         f = self._policy.fanout

@@ -16,6 +16,7 @@ hold, a reload) makes the next `save_run` compare every step, as it always did.
 
 from __future__ import annotations
 
+import collections
 import json
 import time
 import weakref
@@ -57,6 +58,19 @@ class Head:
     fast_steps: dict[str, Step] = field(default_factory=dict)  # the run's step objects, in sync
     fast_pos: dict[str, int] = field(default_factory=dict)  # their order in the run
     dirty: dict[int, Step] = field(default_factory=dict)  # reported since: id(step) -> step
+    # Packed forms of `steps_cmp` values the compactor made (compactor.Entry.head_plain);
+    # filled by its thread, taken by `adopt_packed` under the run's lock (deque: thread-safe).
+    packed_later: collections.deque[tuple[str, bytes, bytes]] = field(
+        default_factory=collections.deque)
+
+    def adopt_packed(self) -> None:
+        """Hold the compactor's packed bytes for steps whose plain JSON is still the one it
+        packed (identity: a step committed again since keeps its newer bytes)."""
+        later, cmp = self.packed_later, self.steps_cmp
+        while later:
+            sid, plain, packed = later.popleft()
+            if cmp.get(sid) is plain:
+                cmp[sid] = packed
 
     def unconfirmed_for(self, now: tuple[float, float] | None = None) -> float:
         """Seconds since the head was last confirmed, by whichever clock says longer."""
