@@ -525,3 +525,22 @@ def test_a_flipped_byte_in_the_last_record_is_damage_not_a_torn_tail(tmp_path: P
     new = append(RecordLog(str(path)), b"six")  # the writer keeps it: evidence, not junk
     assert new == [offs[4] + HEADER_SIZE + len(good[offs[4]])]
     assert reader.refresh() == (False, [(new[0], b"six")])
+
+
+def test_a_read_with_a_length_hint_checks_the_record_all_the_same(tmp_path: Path) -> None:
+    """`read(offset, length)` reads exactly the record when the hint is right; a wrong hint
+    costs a read more, never a wrong payload, and a damaged record is refused either way."""
+    log = RecordLog(str(tmp_path / "l.log"))
+    payloads = [b"a" * 10, b"b" * 70_000, b"c" * 3]
+    with log.locked() as w:
+        offs = w.append(payloads)
+    for off, p in zip(offs, payloads, strict=True):
+        for hint in (len(p), -1, 0, len(p) - 1, len(p) + 5, 10**6):
+            assert log.read(off, hint) == p
+    with open(tmp_path / "l.log", "r+b") as f:  # one payload byte of the middle record flips
+        f.seek(offs[1] + HEADER_SIZE + 5)
+        f.write(b"X")
+    for hint in (70_000, -1, 12):
+        with pytest.raises(CorruptFileError, match="crc mismatch"):
+            log.read(offs[1], hint)
+    assert log.read(offs[2], 3) == b"ccc"

@@ -202,8 +202,12 @@ class RecordLog:
             records, _ = self._scan(self._fd, size)
             return self._deliver(replaced, records)
 
-    def read(self, offset: int) -> bytes:
+    def read(self, offset: int, length: int = -1) -> bytes:
         """The payload of the record at `offset`, its crc verified.
+
+        `length`: the payload's length if the caller knows it (an index built from the
+        records), so that one read of exactly the record serves; a wrong one only costs
+        another read.
 
         Reads the file this object last looked at (by `refresh` or under the lock), the one its
         offsets refer to: a file replaced since is not read at stale offsets, where another valid
@@ -213,17 +217,24 @@ class RecordLog:
         self._check_open()
         with self._fd_lock:
             if self._fd is not None:
-                return self._read_at(self._fd, offset)
+                return self._read_at(self._fd, offset, length)
         fd = open_log(self.path)  # nothing in view yet: the file as it is
         try:
-            return self._read_at(fd, offset)
+            return self._read_at(fd, offset, length)
         finally:
             os.close(fd)
 
-    def _read_at(self, fd: int, offset: int) -> bytes:
+    def _read_at(self, fd: int, offset: int, length: int = -1) -> bytes:
         if offset < 0:
             raise ValueError(f"{self.path}: negative record offset {offset}")
-        buf = os.pread(fd, _READ_AHEAD, offset)
+        buf = os.pread(fd, HEADER_SIZE + length if length >= 0 else _READ_AHEAD, offset)
+        if length >= 0 and len(buf) == HEADER_SIZE + length:
+            # the common case, checked in one pass: the header, then the payload's crc
+            magic, n, crc, hcrc = _HEADER.unpack_from(buf)
+            if (n == length and magic == MAGIC
+                    and zlib.crc32(memoryview(buf)[: HEADER_SIZE - 4]) == hcrc
+                    and zlib.crc32(memoryview(buf)[HEADER_SIZE:], zlib.crc32(buf[4:8])) == crc):
+                return buf[HEADER_SIZE:]
         if len(buf) >= HEADER_SIZE:
             n = _claimed(buf, 0)
             if n >= 0 and len(buf) < HEADER_SIZE + n <= os.fstat(fd).st_size - offset:

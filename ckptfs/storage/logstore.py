@@ -18,7 +18,6 @@ its file.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import functools
 import io
 import logging
@@ -27,7 +26,7 @@ import struct
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -49,6 +48,11 @@ _KEYLEN = struct.Struct("<H")
 def _record(op: bytes, key: str, data: bytes = b"") -> bytes:
     k = key.encode()
     return op + _KEYLEN.pack(len(k)) + k + data
+
+
+def _record_len(key: str, size: int) -> int:
+    """The payload length of a put record of `size` bytes of data (a read's length hint)."""
+    return 3 + len(key.encode()) + size
 
 
 def _parse(payload: bytes, where: str) -> tuple[bytes, str, int]:
@@ -90,6 +94,9 @@ class _Group:
     # in it but its log; None: not known to hold only its log, so a listing scans it.
     dir_stamp: tuple[int, int, int] | None = None
     _sorted: list[str] | None = None  # the index's keys in order, kept up to date once built
+    # the last `LogStorage.newest` answer (prefix, beside prefix, key, data, keys beside), kept
+    # while the index and its damage stay as they were: a reader polling an idle thread
+    memo: tuple[str, str | None, str, bytes, list[str]] | None = None
 
     @functools.cached_property
     def dir_path(self) -> str:
@@ -138,6 +145,8 @@ class _Group:
                 del keys[i]
 
     def apply(self, records: Iterable[tuple[int, bytes]], replaced: bool) -> None:
+        if replaced or records:
+            self.memo = None
         if replaced:
             self.index.clear()
             self._sorted = None
@@ -165,6 +174,21 @@ class _Group:
                 if old is not None:
                     self._removed(key)
         self._note_damage()
+
+    def put_applied(self, offset: int, key: str, data: bytes) -> str:
+        """`apply` of a put this process just appended: its key and bytes are known, so the
+        record is not parsed (nor its key validated) again. Returns its etag."""
+        self.memo = None
+        old = self.index.pop(key, None)
+        if old is not None:
+            self.live -= old[1]
+            self.dead += old[1]
+        etag = _content_etag(data)
+        self.index[key] = (offset, len(data), etag)
+        self.live += len(data)
+        if old is None:
+            self._added(key)
+        return etag
 
     def _note_damage(self) -> None:
         """Name the key of each damaged record the log skipped, where its bytes still say it.
@@ -224,6 +248,25 @@ def _damaged_key(path: str, offset: int, group: str) -> str | None:
     return key if key.startswith(group) else None
 
 
+class _Hold:
+    """`LogStorage._held`: a class, not a generator context manager, as it is on every read's
+    path (a generator-based one costs a few microseconds more per use)."""
+
+    __slots__ = ("_group", "_store", "_taken")
+
+    def __init__(self, store: LogStorage, group: str) -> None:
+        self._store, self._group = store, group
+        self._taken: _Group | None = None
+
+    def __enter__(self) -> _Group:
+        self._taken = self._store._take(self._group)
+        return self._taken
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._taken is not None
+        self._taken.lock.release()
+
+
 class LogStorage(Storage):
     """`LocalStorage` whose grouped keys live in append-only logs; see the module docstring.
 
@@ -245,10 +288,14 @@ class LogStorage(Storage):
         self._groups: OrderedDict[str, _Group] = OrderedDict()
         self._lock = threading.Lock()
 
-    @contextlib.contextmanager
-    def _held(self, group: str) -> Iterator[_Group]:
-        """The group's state with its lock held. At most `max_open_groups` logs stay open (an
-        fd and an index each); the least recently used idle one is closed to make room."""
+    def _held(self, group: str) -> _Hold:
+        """The group's state with its lock held (a `with` block). At most `max_open_groups` logs
+        stay open (an fd and an index each); the least recently used idle one is closed to make
+        room."""
+        return _Hold(self, group)
+
+    def _take(self, group: str) -> _Group:
+        """The group's state, its lock acquired (the caller releases it)."""
         while True:
             with self._lock:
                 g = self._groups.get(group)
@@ -260,10 +307,10 @@ class LogStorage(Storage):
                     self._scan_loose(g)
                     self._evict()
                 self._groups.move_to_end(group)
-            with g.lock:
-                if not g.closed:
-                    yield g
-                    return
+            g.lock.acquire()
+            if not g.closed:
+                return g
+            g.lock.release()
 
     def _evict(self) -> None:
         for name in list(self._groups)[: max(0, len(self._groups) - self.max_open_groups)]:
@@ -315,9 +362,9 @@ class LogStorage(Storage):
                 check(g)
             record = _record(_PUT, key, data)
             offset = w.append([record])[0]
-            g.apply([(offset, record)], False)
+            etag = g.put_applied(offset, key, data)
             g.damaged.pop(key, None)  # written again: its damaged record no longer matters
-            etag = g.index[key][2]
+            g.memo = None
         if g.loose:
             self.inner.delete(key)  # the record replaces the key's plain file from before the log
         return etag
@@ -396,6 +443,7 @@ class LogStorage(Storage):
                     doomed = list(dict.fromkeys(k for k in members if k in g.index))
                     for key in members:
                         g.damaged.pop(key, None)
+                    g.memo = None
                     if doomed and len(doomed) == len(g.index) and g.uncertain < 0 and not g.damaged:
                         g.log.remove()  # nothing stays live: the file goes
                         g.apply([], True)
@@ -415,7 +463,7 @@ class LogStorage(Storage):
             logger.warning("%s: not compacted: it holds damaged records (see `ckptfs verify`)", g.log.path)
             return
         live = sorted(g.index.items(), key=lambda item: item[1][0])
-        payloads = [g.log.read(entry[0]) for _key, entry in live]
+        payloads = [g.log.read(entry[0], _record_len(key, entry[1])) for key, entry in live]
         before = g.live + g.dead
         g.apply(zip(g.log.rewrite(payloads), payloads, strict=True), True)
         logger.info("%s: compacted %d bytes of records to %d", g.log.path, before, g.live)
@@ -434,7 +482,7 @@ class LogStorage(Storage):
                 if hit is None:
                     break
                 try:
-                    payload = g.log.read(hit[0])
+                    payload = g.log.read(hit[0], _record_len(key, hit[1]))
                 except FileNotFoundError:
                     continue
             op, found, start = _parse(payload, f"{g.log.path}@{hit[0]}")
@@ -463,21 +511,28 @@ class LogStorage(Storage):
                     g.sync()
                     if not g.only_log():
                         break  # plain files may be there too: list them (below)
+                    memo = g.memo
+                    if memo is not None and memo[0] == prefix and (
+                            None if beside is None else beside(memo[2])) == memo[1]:
+                        return memo[2], memo[3], list(memo[4])  # bytes are immutable; the list is a copy
                     key = g.last_under(prefix)
                     if key is None:
                         return None
                     g.check_readable(key)
                     hit = g.index[key]
-                    under = [] if beside is None else g.keys_under(beside(key))
+                    near = None if beside is None else beside(key)
+                    under = [] if near is None else g.keys_under(near)
                     try:
-                        payload = g.log.read(hit[0])
+                        payload = g.log.read(hit[0], _record_len(key, hit[1]))
                     except FileNotFoundError:
                         continue
-                # the record the index names (the view is the file the index was built from):
-                # its key is compared as bytes, not parsed and validated again
-                head = _record(_PUT, key)
-                if payload.startswith(head):
-                    return key, payload[len(head):], under
+                    # the record the index names (the view is the file the index was built
+                    # from): its key is compared as bytes, not parsed and validated again
+                    head = _record(_PUT, key)
+                    if payload.startswith(head):
+                        data = payload[len(head):]
+                        g.memo = (prefix, near, key, data, under)
+                        return key, data, list(under)
         keys = self.list(prefix)
         if not keys:
             return None

@@ -78,6 +78,14 @@ def lg_thread_prefix(thread_id: str) -> str:
 
 
 def lg_ns_prefix(thread_id: str, checkpoint_ns: str) -> str:
+    if type(thread_id) is str and type(checkpoint_ns) is str:
+        return _ns_prefix(thread_id, checkpoint_ns)
+    return f"{lg_thread_prefix(thread_id)}{lg_ns_segment(checkpoint_ns)}/"  # raises: not ids
+
+
+@functools.lru_cache(maxsize=4096)
+def _ns_prefix(thread_id: str, checkpoint_ns: str) -> str:
+    """Remembered, as `_percent`: every read and write of a namespace starts with its prefix."""
     return f"{lg_thread_prefix(thread_id)}{lg_ns_segment(checkpoint_ns)}/"
 
 

@@ -421,6 +421,8 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         the others are not deserialized)."""
         if keys is None:
             keys = self.storage.list(lg_writes_prefix(thread_id, ns, checkpoint_id))
+        if not keys:
+            return []  # most checkpoints read back have none
         found: dict[tuple[str, int], tuple[str, str, str, int, Any]] = {}
         for key, data in zip(keys, self._get_all(keys), strict=True):
             if data is None:
@@ -444,7 +446,8 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         head = loaded.header
         ns, checkpoint_id = str(head["ns"]), str(head["id"])
         seen = {**(pre or {}), checkpoint_id: loaded}
-        self._prefetch(thread_id, ns, loaded, seen, listing)
+        if self._remote:
+            self._prefetch(thread_id, ns, loaded, seen, listing)
         checkpoint = cast(Checkpoint, self.serde.loads_typed((head["ct"], loaded.obj.section("co", "cn"))))
         if metadata is None:
             metadata = self._metadata(loaded)
@@ -455,9 +458,10 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             typ, raw, _ = self._channel(thread_id, ns, holder, channel, seen)
             values[channel] = self.serde.loads_typed((typ, raw))
         parent = head.get("parent")
+        checkpoint["channel_values"] = values  # a dict just deserialized: nobody else holds it
         return CheckpointTuple(
             config=self._config(thread_id, ns, checkpoint_id),
-            checkpoint={**checkpoint, "channel_values": values},
+            checkpoint=checkpoint,
             metadata=metadata,
             parent_config=self._config(thread_id, ns, parent) if parent else None,
             pending_writes=self._writes(thread_id, ns, checkpoint_id, writes_keys),
