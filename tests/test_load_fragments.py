@@ -74,7 +74,7 @@ def _load(url: str, split: bool, monkeypatch: pytest.MonkeyPatch,
     """What a fresh store's load shows: run, tool log, version, skipped, warnings, head bytes."""
     with monkeypatch.context() as m:
         if not split:
-            m.setattr(reader, "split_body", lambda body: None)
+            m.setattr(reader, "split_body", lambda body, lazy=False: None)
         caplog.clear()
         with caplog.at_level(logging.WARNING), CheckpointStore(url) as store:
             seeded: list[tuple[str, Any]] = []
@@ -241,6 +241,42 @@ def test_hostile_newest_record_loads_as_reading_whole_documents_does(
     body = HOSTILE_BODIES[name]("s2").encode("utf-8", "surrogatepass").replace(b"<xff>", b"\xff")
     _write_record(url, version + 1, version, chash, body)
     _agree(url, monkeypatch, caplog)
+
+
+@pytest.mark.parametrize("then", ["replaced", "removed"])
+@pytest.mark.parametrize("name", sorted(HOSTILE_BODIES))
+def test_a_hostile_step_a_later_record_replaces_loads_as_reading_whole_documents_does(
+        name: str, then: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The load leaves a step's fragment unparsed when a later record replaces it: a
+    hostile one must still make the record read (or be refused) as the whole document is."""
+    url = _build(tmp_path)
+    with CheckpointStore(url) as store:
+        head = store._head(RUN)
+        version, chash = head.version, head.hash
+    body = HOSTILE_BODIES[name]("s5").encode("utf-8", "surrogatepass").replace(b"<xff>", b"\xff")
+    _write_record(url, version + 1, version, chash, body)
+    later = (_steps("s5", _step_json("s5", result="replaced")) if then == "replaced"
+             else '{"removed":["s5"]}').encode()
+    _write_record(url, version + 2, version + 1,
+                  codec.chain_hash(chash, codec.sha256_hex(body), version + 1), later)
+    seen = _agree(url, monkeypatch, caplog)
+    assert "raised" in seen or seen["version"] in (version, version + 2)
+
+
+def test_lazy_parsing_leaves_replaced_fragments_unparsed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the lazy reading is for: a step a later record replaces is never parsed."""
+    url = _build(tmp_path)
+    parsed: list[bytes] = []
+    real = reader.parse_step
+    monkeypatch.setattr("ckptfs.store.loader.parse_step",
+                        lambda raw: parsed.append(bytes(raw)) or real(raw))
+    with CheckpointStore(url) as store:
+        got = store._loader.load(RUN, None, True)
+        assert got is not None and got.info.records_read > 1
+    assert len(parsed) == len(got.run.steps)  # each surviving fragment once, no replaced one
+    assert sorted(parsed) == sorted(bytes(got.step_json[sid]) for sid in got.run.steps)
 
 
 def test_hostile_record_under_later_ones_loads_as_reading_whole_documents_does(

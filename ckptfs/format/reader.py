@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
@@ -53,10 +54,14 @@ _VALUE = msgspec.json.Decoder()
 @dataclass(frozen=True, slots=True)
 class SplitBody:
     """A record body as a load reads it: every step's and tool call's stored bytes beside the
-    object they parse to, which is what `json.loads` of the whole document gives for it."""
+    object they parse to, which is what `json.loads` of the whole document gives for it.
+
+    `steps` is None when the steps were left unparsed (`split_body(lazy=True)`): a load
+    parses only the fragments that survive into its state (`parse_step`), and checks that
+    those a later record replaces are ones parsing would have accepted (`skippable`)."""
 
     run: dict[str, Any] | None
-    steps: dict[str, dict[str, Any]]
+    steps: dict[str, dict[str, Any]] | None
     step_json: dict[str, msgspec.Raw]
     removed: list[str]
     tool_log: dict[str, list[dict[str, Any]]]
@@ -64,11 +69,43 @@ class SplitBody:
 
     def as_dict(self) -> dict[str, Any]:
         """The body as `codec.decode` gives it."""
-        return {"run": self.run, "steps": self.steps, "removed": self.removed,
+        steps = self.steps
+        if steps is None:
+            steps = {sid: parse_step(raw) for sid, raw in self.step_json.items()}
+        return {"run": self.run, "steps": steps, "removed": self.removed,
                 "tool_log": self.tool_log}
 
 
-def split_body(body: memoryview) -> SplitBody | None:
+def parse_step(raw: msgspec.Raw) -> dict[str, Any]:
+    """A step's fragment, parsed as `split_body` parses it (msgspec errors for what it
+    refuses: the caller reads the record the lenient way then)."""
+    return _OBJECT.decode(raw)
+
+
+_LONG_DIGITS = re.compile(rb"[0-9]{%d}" % (codec.MAX_INT_DIGITS + 1))
+
+
+def skippable(raw: msgspec.Raw) -> bool:
+    """Whether a step fragment may be left unparsed, because a later record replaces it: it
+    is one that parsing, strict or lenient, would not have refused.
+
+    `split_body` has already scanned it as JSON (msgspec checks the syntax, nesting and
+    escapes of what it skips over); what that scan lets through and `json.loads` refuses is
+    invalid UTF-8 and an int of more than MAX_INT_DIGITS digits, and a fragment must be an
+    object. Anything in doubt says False: the load then parses every fragment, as it did."""
+    mv = memoryview(raw)
+    if not mv or mv[0] != 0x7B:  # "{"
+        return False
+    if len(mv) > codec.MAX_INT_DIGITS and _LONG_DIGITS.search(mv):
+        return False
+    try:
+        str(mv, "utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def split_body(body: memoryview, lazy: bool = False) -> SplitBody | None:
     """The body's fragments, each parsed strictly; None for anything but the plain layout.
 
     msgspec is strict JSON (RFC 8259): whatever it accepts, it parses to the very values
@@ -85,7 +122,7 @@ def split_body(body: memoryview) -> SplitBody | None:
         if run is not None and type(run) is not dict:
             return None
         decode = _OBJECT.decode
-        steps = {sid: decode(raw) for sid, raw in parts.steps.items()}
+        steps = None if lazy else {sid: decode(raw) for sid, raw in parts.steps.items()}
         tool_log = {sid: [decode(raw) for raw in calls] for sid, calls in parts.tool_log.items()}
     except (msgspec.MsgspecError, RecursionError, ValueError):
         return None
@@ -94,7 +131,7 @@ def split_body(body: memoryview) -> SplitBody | None:
 
 def read_document(text: bytes, key: str, stored_size: int,
                   document: tuple[codec.RecordHeader, memoryview] | None = None,
-                  hashed: Callable[[], bool] | None = None) -> codec.Record:
+                  hashed: Callable[[], bool] | None = None, lazy: bool = False) -> codec.Record:
     """`codec.decode_text`, with the body as a `SplitBody` where it has the plain layout.
 
     `document` is `codec.split_document(text)` if the caller has it already, and `hashed`
@@ -104,9 +141,9 @@ def read_document(text: bytes, key: str, stored_size: int,
         document, hashed = codec.split_document(text), None
     if document is not None:
         if hashed is None:
-            body = split_body(document[1]) if codec.body_ok(*document) else None
+            body = split_body(document[1], lazy) if codec.body_ok(*document) else None
         else:
-            body = split_body(document[1])
+            body = split_body(document[1], lazy)
             if not hashed():
                 body = None
         if body is not None:
@@ -375,6 +412,7 @@ class RecordCache:
     keep_raw: bool = False
     strict_format: bool = False  # a newer format stops the load instead of being skipped
     split: bool = False  # bodies as SplitBody where they have the plain layout (the load's)
+    lazy_steps: bool = False  # ... with their steps left unparsed (SplitBody.steps None)
     records: dict[str, codec.Record | None] = field(default_factory=dict)
     raw: dict[str, bytes] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
@@ -447,7 +485,7 @@ class RecordCache:
                 raise got.error
             assert got.text is not None
             rec = check_placed(read_document(got.text, rf.key, len(got.data), got.document,
-                                             hashed)
+                                             hashed, self.lazy_steps)
                                if self.split else
                                codec.decode_text(got.text, rf.key, len(got.data)),
                                rf, self.run_id)

@@ -43,7 +43,9 @@ from ckptfs.format.reader import (
     RunIndex,
     SplitBody,
     decode_run_file,
+    parse_step,
     plan_load,
+    skippable,
 )
 from ckptfs.storage.base import Storage
 from ckptfs.store.artifacts import ArtifactStore
@@ -117,16 +119,39 @@ def gc_paused(promote: bool = False) -> Iterator[None]:
             gc.enable()
 
 
+class _ParseEagerly(Exception):
+    """A fragment the load left unparsed may not be one parsing accepts: load again with
+    every fragment parsed, exactly as the reader reads it (rare: hostile files only)."""
+
+
+def _replaced(old: Any) -> None:
+    """A step's state is being replaced: if it was a fragment left unparsed, it had to be one
+    that parsing would have accepted, or the record holding it reads differently."""
+    if type(old) is msgspec.Raw and not skippable(old):
+        raise _ParseEagerly
+
+
 def _apply_split(state: dict[str, Any], step_json: dict[str, msgspec.Raw],
                  call_json: dict[str, list[msgspec.Raw | None]], body: SplitBody) -> None:
-    """`apply_body` of a body read as fragments (the same state), keeping each step's bytes."""
+    """`apply_body` of a body read as fragments (the same state), keeping each step's bytes.
+
+    A body whose steps were left unparsed puts the fragments themselves in the state:
+    `_parse_steps` parses those that survive, once every body is applied, so a step a later
+    record replaces (a third of a long run's snapshot, at a load's newest version) is never
+    parsed. Their order in the state is the same either way (dict updates in place)."""
     if body.run is not None:
         state["run"] = body.run
     st = state["steps"]
-    st.update(body.steps)
+    if body.steps is None:
+        if st:  # `a & b` copies a's keys: the record's (small, but for a snapshot), not the state's
+            for sid in body.step_json.keys() & st.keys():
+                _replaced(st[sid])
+        st.update(body.step_json)
+    else:
+        st.update(body.steps)
     step_json.update(body.step_json)
     for sid in body.removed:
-        st.pop(sid, None)
+        _replaced(st.pop(sid, None))
         step_json.pop(sid, None)
     tl = state["tool_log"]
     for sid, calls in body.tool_log.items():
@@ -137,6 +162,16 @@ def _apply_split(state: dict[str, Any], step_json: dict[str, msgspec.Raw],
 def _apply_whole(state: dict[str, Any], step_json: dict[str, msgspec.Raw],
                  call_json: dict[str, list[msgspec.Raw | None]], body: Any) -> None:
     """`apply_body`, forgetting the bytes of what it replaces (ValueError for a bad body)."""
+    st = state["steps"]
+    if isinstance(body, dict):  # apply_body refuses any other shape
+        steps, removed = body.get("steps"), body.get("removed")
+        if isinstance(steps, dict) and st:
+            for sid in steps.keys() & st.keys():
+                _replaced(st[sid])
+        if isinstance(removed, list):
+            for sid in removed:
+                if isinstance(sid, str):
+                    _replaced(st.get(sid))
     apply_body(state, body)
     for sid in body.get("steps", {}):
         step_json.pop(sid, None)
@@ -144,6 +179,15 @@ def _apply_whole(state: dict[str, Any], step_json: dict[str, msgspec.Raw],
         step_json.pop(sid, None)
     for sid, calls in body.get("tool_log", {}).items():
         call_json.setdefault(sid, []).extend([None] * len(calls))
+
+
+def _parse_steps(state: dict[str, Any]) -> None:
+    """Parse the step fragments left in the state (`_apply_split`), in place and in order."""
+    try:
+        state["steps"] = {sid: parse_step(v) if type(v) is msgspec.Raw else v
+                          for sid, v in state["steps"].items()}
+    except (msgspec.MsgspecError, RecursionError, ValueError):
+        raise _ParseEagerly from None
 
 
 def _empty() -> dict[str, Any]:
@@ -230,6 +274,15 @@ class RunLoader:
 
     def _load_files(self, run_id: str, target: int | None, resolve: bool,
                     files: list[RunFile]) -> Loaded | None:
+        try:
+            return self._load_chain(run_id, target, resolve, files, lazy=True)
+        except _ParseEagerly:
+            logger.info("run %s: a step fragment needs the lenient reader; parsing every "
+                        "fragment", run_id)
+            return self._load_chain(run_id, target, resolve, files, lazy=False)
+
+    def _load_chain(self, run_id: str, target: int | None, resolve: bool,
+                    files: list[RunFile], lazy: bool) -> Loaded | None:
         if not files:
             return None
         max_seen = max(f.version for f in files)
@@ -237,7 +290,7 @@ class RunLoader:
         # Bodies read as fragments: each step's stored bytes seed the head and the compactor,
         # so a load never serialises a step again (see CheckpointStore._seed_head).
         cache = RecordCache(run_id, self.get_run_file, self.max_decoded, strict_format=True,
-                            split=True)
+                            split=True, lazy_steps=lazy)
         problems = cache.problems  # the reader's skips, then states that did not validate
         accepted: list[tuple[tuple[AgentRun, dict[str, list[ToolCall]]], dict[str, Any],
                              dict[str, msgspec.Raw], dict[str, list[msgspec.Raw | None]]]] = []
@@ -258,6 +311,8 @@ class RunLoader:
                     problems.append(f"a record body up to v{path.version} is invalid: {exc}")
                     logger.warning("run %s: record body invalid: %s", run_id, exc)
                     return False
+            if lazy:
+                _parse_steps(state)
             t1 = time.perf_counter()
             got = self.materialise(run_id, state, problems, resolve)
             phases["apply"] = phases.get("apply", 0.0) + t1 - t0
