@@ -17,13 +17,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfs.format.codec import dumps, dumps_key, is_packed, pack, unpack
+from ckptfs.format.codec import Fragment, dumps, dumps_key, is_packed, pack, unpack
 
 
 @dataclass
 class Changes:
     run: bytes | None = None
-    steps: dict[str, bytes | None] = field(default_factory=dict)  # None: step removed
+    steps: dict[str, Fragment | None] = field(default_factory=dict)  # None: step removed
     tool_log: dict[str, list[bytes]] = field(default_factory=dict)
 
     def is_empty(self) -> bool:
@@ -62,7 +62,7 @@ class Changes:
         is hashed and compressed piece by piece (codec.encode_parts) instead of being joined
         into one copy of the whole state, and each piece is big enough for hashlib and zstd
         to work without the GIL."""
-        buf: list[bytes] = []
+        buf: list[Fragment] = []
         n = 0
         for frag in self._fragments():
             buf.append(frag)
@@ -73,7 +73,7 @@ class Changes:
         if buf:
             yield b"".join(buf)
 
-    def _fragments(self) -> Iterator[bytes]:
+    def _fragments(self) -> Iterator[Fragment]:
         yield b'{"run":'
         yield self.run if self.run is not None else b"null"
         yield b',"steps":{'

@@ -316,10 +316,13 @@ def _compressor(level: int) -> zstandard.ZstdCompressor:
 
 
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+# A step's JSON as a writer holds it: bytes, or a view into the decompressed record a load read
+# it from (a long run's state is not copied step by step: 0.1-0.4 s and 190 MB at 100k steps).
+Fragment = bytes | memoryview
 PACK_MIN = 256  # fragments shorter than this stay as they are: packing would not pay
 
 
-def pack(fragment: bytes) -> bytes:
+def pack(fragment: Fragment) -> bytes:
     """A JSON fragment as a writer keeps it in memory: zstd-compressed when that pays.
 
     A writer holds every step's JSON (to diff against, and for the compactor to write
@@ -328,7 +331,7 @@ def pack(fragment: bytes) -> bytes:
     exactly when their JSON does. A JSON text never starts with zstd's magic number, so packed
     and plain fragments can sit side by side (`is_packed`)."""
     if len(fragment) < PACK_MIN:
-        return fragment
+        return bytes(fragment)  # the very object when it is bytes
     cache: dict[int, zstandard.ZstdCompressor] | None = getattr(_compressors, "packing", None)
     if cache is None:
         cache = _compressors.packing = {}
@@ -341,11 +344,11 @@ def pack(fragment: bytes) -> bytes:
     return bytes(memoryview(cctx.compress(fragment)))
 
 
-def is_packed(fragment: bytes) -> bool:
+def is_packed(fragment: Fragment) -> bool:
     return fragment[:4] == _ZSTD_MAGIC
 
 
-def packed_equals(packed: bytes, fragment: bytes) -> bool:
+def packed_equals(packed: Fragment, fragment: Fragment) -> bool:
     """Whether `packed` (a `pack` output) holds exactly `fragment`, without unpacking when
     the sizes differ (the frame header states its content size)."""
     if zstandard.frame_content_size(packed) != len(fragment):
@@ -353,7 +356,7 @@ def packed_equals(packed: bytes, fragment: bytes) -> bool:
     return unpack(packed) == fragment
 
 
-def unpack(fragment: bytes) -> bytes:
+def unpack(fragment: Fragment) -> Fragment:
     """The JSON of a fragment `pack` may have packed (memory this process wrote: trusted)."""
     if not is_packed(fragment):
         return fragment

@@ -71,6 +71,9 @@ class Storage(ABC):
     put_if_match(key, data, etag)
         Replace the object only if its current etag is ``etag``; raises ``PreconditionFailed``
         otherwise and ``FileNotFoundError`` if it is gone. Returns the new etag.
+    put_if_absent_beside(key, data, witness)
+        ``put_if_absent``, then whether ``witness`` exists (a commit and its base check). Built
+        from the two by default; a backend may do both at once (local disk: one directory fd).
     get(key) / get_with_etag(key)
         The whole object; ``FileNotFoundError`` if absent.
     list(prefix, start_after=None)

@@ -84,7 +84,7 @@ from ckptfs.store.values import PendingArtifact, ValuePlanner
 
 logger = logging.getLogger(__name__)
 
-_GroupPlan = tuple[Changes, dict[str, bytes | None], list[PendingArtifact], list[Step],
+_GroupPlan = tuple[Changes, dict[str, codec.Fragment | None], list[PendingArtifact], list[Step],
               list[tuple[str, ToolCall]]]
 
 STREAM_BODIES_OVER = 8 << 20  # a delta or snapshot body larger than this is encoded streaming
@@ -459,7 +459,7 @@ class CheckpointStore:
                              + "; ".join(problems[:5]))
 
     def _step_changes(self, head: Head, steps: Iterable[Step], changes: Changes,
-                      undo: dict[str, bytes | None], pending: list[PendingArtifact]) -> list[Step]:
+                      undo: dict[str, codec.Fragment | None], pending: list[PendingArtifact]) -> list[Step]:
         """Diff steps against the head; `undo` gets the previous comparison bytes of each
         step touched, so a failed commit can restore exactly those (O(change), not O(run)).
         A changed step is checked (`_check_storable`) before its large values are planned."""
@@ -484,7 +484,7 @@ class CheckpointStore:
         return changed
 
     @staticmethod
-    def _rollback(head: Head, undo: dict[str, bytes | None]) -> None:
+    def _rollback(head: Head, undo: dict[str, codec.Fragment | None]) -> None:
         for sid, old in undo.items():
             if old is None:
                 head.steps_cmp.pop(sid, None)
@@ -555,7 +555,7 @@ class CheckpointStore:
                 parts = [p for p in parts if p.run is None]
                 run = None
         accepted: list[GroupPart] = []
-        undo: dict[str, bytes | None] = {}
+        undo: dict[str, codec.Fragment | None] = {}
         pending: list[PendingArtifact] = []
         changed: dict[str, Step] = {}
         logged_calls: list[tuple[str, ToolCall]] = []
@@ -591,7 +591,7 @@ class CheckpointStore:
         """Diff one part against the head (which it updates); on a refusal, undo it, fail the part
         and return None. What the store refuses for one part alone must not fail the others."""
         part_changes = Changes()
-        part_undo: dict[str, bytes | None] = {}
+        part_undo: dict[str, codec.Fragment | None] = {}
         part_pending: list[PendingArtifact] = []
         calls: list[tuple[str, ToolCall]] = []
         try:
@@ -704,7 +704,7 @@ class CheckpointStore:
             stored = head.steps_cmp.get(step.id)
             if stored is None:
                 raise RunNotFoundError(f"run {run_id!r} has no step {step.id!r}")
-            doc = json.loads(codec.unpack(stored))
+            doc = json.loads(bytes(codec.unpack(stored)))
             fence = int(doc.get("lease_generation", 0))
             if fence > lease.generation or (claim and fence == lease.generation):
                 raise LeaseLostError(run_id, step.id, lease.generation,
@@ -758,7 +758,7 @@ class CheckpointStore:
                     self._values.check_storable(run_id, None, run, exclude=frozenset({"steps"}))
                     changes.run = run_json
             removed = [sid for sid in head.steps_cmp if sid not in run.steps] if full and run else []
-            undo: dict[str, bytes | None] = {}
+            undo: dict[str, codec.Fragment | None] = {}
             pending: list[PendingArtifact] = []
             base = head.version
             try:
@@ -894,7 +894,8 @@ class CheckpointStore:
         # stored. A sample is checked, so a store from another serialiser (an older field
         # set, other float spelling) is seeded from the models throughout.
         steps, state_steps = run.steps, state["steps"]
-        stored = {sid: bytes(raw) for sid, raw in got.step_json.items()}
+        # views into the decompressed records, not copies (codec.Fragment)
+        stored = {sid: memoryview(raw) for sid, raw in got.step_json.items()}
         refs = {sid for sid, persisted in state_steps.items() if REFS_FIELD in persisted}
         as_model = stored if self._loader.stored_is_model_json(run, stored, state) else {}
         if refs and as_model:

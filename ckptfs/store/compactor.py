@@ -92,8 +92,8 @@ class Entry:
     # it would wait for): each goes back packed, as (step id, the head's very bytes, packed),
     # for the head to adopt (Head.adopt_packed). The replica's packed fragment is reused
     # where the record holds those same bytes, so the head and the replica share one copy.
-    head_plain: dict[str, bytes] = field(default_factory=dict)
-    packed_back: collections.deque[tuple[str, bytes, bytes]] | None = None
+    head_plain: dict[str, codec.Fragment] = field(default_factory=dict)
+    packed_back: collections.deque[tuple[str, codec.Fragment, bytes]] | None = None
 
 
 @dataclass
@@ -256,7 +256,7 @@ class Compactor:
         written = entry.changes.steps
         for sid, mj in plain.items():
             frag = packed.steps.get(sid) if written.get(sid) is mj else None
-            back.append((sid, mj, frag if frag is not None else codec.pack(mj)))
+            back.append((sid, mj, bytes(frag) if frag is not None else codec.pack(mj)))
         entry.head_plain = {}
 
     def _merge_levels(self, encode: Encode, run_id: str, rc: RunCompaction) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-from ckptfs.format.codec import unpack
+from ckptfs.format.codec import Fragment, unpack
 from ckptfs.format.models import AgentRun, Step, ToolCall, holds_shared_values, track_changes
 
 
@@ -39,7 +39,8 @@ class Head:
     next_version: int = 1
     run_json: bytes | None = None
     run_info: dict[str, Any] = field(default_factory=dict)
-    steps_cmp: dict[str, bytes] = field(default_factory=dict)  # model JSON (packed), to diff against
+    # each step's model JSON to diff against: plain (loaded, or just committed) or packed
+    steps_cmp: dict[str, Fragment] = field(default_factory=dict)
     deps: dict[str, tuple[str, ...]] = field(default_factory=dict)
     status: dict[str, str] = field(default_factory=dict)
     tool_log: dict[str, list[ToolCall]] = field(default_factory=dict)
@@ -60,7 +61,7 @@ class Head:
     dirty: dict[int, Step] = field(default_factory=dict)  # reported since: id(step) -> step
     # Packed forms of `steps_cmp` values the compactor made (compactor.Entry.head_plain);
     # filled by its thread, taken by `adopt_packed` under the run's lock (deque: thread-safe).
-    packed_later: collections.deque[tuple[str, bytes, bytes]] = field(
+    packed_later: collections.deque[tuple[str, Fragment, bytes]] = field(
         default_factory=collections.deque)
 
     def adopt_packed(self) -> None:
@@ -188,7 +189,7 @@ class Head:
     def run(self) -> AgentRun:
         """The run as this head knows it (every step validated again)."""
         assert self.run_json is not None
-        steps = {sid: json.loads(unpack(mj)) for sid, mj in self.steps_cmp.items()}
+        steps = {sid: json.loads(bytes(unpack(mj))) for sid, mj in self.steps_cmp.items()}
         return AgentRun.model_validate({**json.loads(self.run_json), "steps": steps})
 
 

@@ -17,7 +17,7 @@ import gc
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -400,7 +400,7 @@ class RunLoader:
         return run, tool_log
 
     @staticmethod
-    def stored_is_model_json(run: AgentRun, step_json: dict[str, bytes], state: dict[str, Any],
+    def stored_is_model_json(run: AgentRun, step_json: Mapping[str, codec.Fragment], state: dict[str, Any],
                              sample: int = 16) -> bool:
         """Whether the stored bytes of the first and last `sample` steps (those without
         `$refs`) are byte-identical to their model JSON, as the commit path writes them.

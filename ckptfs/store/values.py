@@ -154,7 +154,7 @@ class ValuePlanner:
     @staticmethod
     def too_large(run_id: str, changes: Changes, exc: RecordTooLargeError) -> RecordTooLargeError:
         """The size refusal, naming the biggest value of the record (the one to move out)."""
-        frags: list[tuple[int, str | None, str, bytes]] = []
+        frags: list[tuple[int, str | None, str, codec.Fragment]] = []
         if changes.run is not None:
             frags.append((len(changes.run), None, "", changes.run))
         frags += [(len(f), sid, "", f) for sid, f in changes.steps.items() if f is not None]
@@ -165,7 +165,7 @@ class ValuePlanner:
         size, step_id, prefix, frag = max(frags, key=lambda t: t[0])
         field_name, field_size = "record", size
         with contextlib.suppress(ValueError):
-            doc = json.loads(frag)
+            doc = json.loads(bytes(frag))
             if isinstance(doc, dict) and doc:
                 sizes = {k: len(codec.dumps(v)) for k, v in doc.items()}
                 field_name = max(sizes, key=lambda k: sizes[k])
