@@ -10,6 +10,7 @@ model JSON the commit path writes is checked here, not assumed.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import gc
 import json
@@ -27,6 +28,7 @@ from ckptfs.format.changes import Changes
 from ckptfs.format.keys import log_key
 from ckptfs.format.reader import RunIndex
 from ckptfs.store.compactor import CompactionPolicy
+from tests._forwarding import Forwarding
 
 RUN = "frag-run"
 INLINE = CompactionPolicy(fanout=2, max_plan=8, min_snapshot_bytes=6000, keep_last=0,
@@ -384,3 +386,61 @@ def test_records_below_the_newest_snapshot_are_used_when_it_does_not_load(
     assert loaded == run
     assert again.last_load is not None and again.last_load.snapshot_version == 0
     assert "loading again with the records below its newest snapshot" in caplog.text
+
+
+class _Reads(Forwarding):
+    """Counts the reads of each key; `list` of `snap/` fails when asked to."""
+
+    def __init__(self, inner: Any, fail_snap_listing: bool = False) -> None:
+        super().__init__(inner)
+        self.reads: collections.Counter[str] = collections.Counter()
+        self.fail_snap_listing = fail_snap_listing
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        self.reads[key] += 1
+        return self.inner.get_with_etag(key)
+
+    def get(self, key: str) -> bytes:
+        self.reads[key] += 1
+        return self.inner.get(key)
+
+    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
+        if self.fail_snap_listing and prefix.endswith("/snap/"):
+            raise OSError("listing refused")
+        return self.inner.list(prefix, start_after)
+
+
+@pytest.mark.parametrize("logs_below", [True, False])
+@pytest.mark.parametrize("fail_snap_listing", [False, True])
+def test_the_newest_snapshot_is_read_once_while_the_run_is_listed(
+        tmp_path: Path, logs_below: bool, fail_snap_listing: bool) -> None:
+    """A load starts reading the newest snapshot before its listing of the whole run is done;
+    the plan then uses that read: every file is read once, with or without journal records
+    below the snapshot, and a failed early listing only loses the head start."""
+    url = str(tmp_path / "store")
+    with CheckpointStore(url, policy=CompactionPolicy(fanout=2, max_plan=4, min_snapshot_bytes=1,
+                                                      keep_last=2, background=False)) as w:
+        run = _run(12)
+        w.save_run(run)
+        for sid in run.steps:
+            w.commit(run, [_finish(run, sid, f"result of {sid}")])
+    root = Path(url) / "runs" / RUN
+    assert any(int(p.stem) < max(int(q.stem) for q in (root / "snap").iterdir())
+               for p in (root / "log").iterdir())  # records below the newest snapshot
+    if not logs_below:
+        newest = max(int(p.stem) for p in (root / "snap").iterdir())
+        for p in (root / "log").iterdir():
+            if int(p.stem) < newest:
+                p.unlink()
+    expected = CheckpointStore(url).load_run(RUN)
+    with CheckpointStore(url) as plain:
+        counting = _Reads(plain.storage, fail_snap_listing)
+        with CheckpointStore(url, storage=counting) as store:
+            got = store.load_run(RUN)
+            info = store.last_load
+    assert got is not None and expected is not None and info is not None
+    assert got.model_dump() == expected.model_dump()
+    assert info.snapshot_version > 0
+    runs = {k: n for k, n in counting.reads.items() if k.startswith("runs/")}
+    assert runs and max(runs.values()) == 1, runs
+    assert any("/snap/" in k for k in runs)
