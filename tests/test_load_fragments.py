@@ -232,16 +232,23 @@ HOSTILE_BODIES: dict[str, Callable[[str], str]] = {
 }
 
 
+def _hostile_record(url: str, name: str, sid: str) -> tuple[int, str, bytes]:
+    """Append the hostile body `name` for step `sid` as the newest journal record; returns the
+    version it builds on, that version's hash and the body written."""
+    with CheckpointStore(url) as store:
+        head = store._head(RUN)
+        version, chash = head.version, head.hash
+    body = HOSTILE_BODIES[name](sid).encode("utf-8", "surrogatepass").replace(b"<xff>", b"\xff")
+    _write_record(url, version + 1, version, chash, body)
+    return version, chash, body
+
+
 @pytest.mark.parametrize("name", sorted(HOSTILE_BODIES))
 def test_hostile_newest_record_loads_as_reading_whole_documents_does(
         name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     url = _build(tmp_path)
-    with CheckpointStore(url) as store:
-        head = store._head(RUN)
-        version, chash = head.version, head.hash
-    body = HOSTILE_BODIES[name]("s2").encode("utf-8", "surrogatepass").replace(b"<xff>", b"\xff")
-    _write_record(url, version + 1, version, chash, body)
+    _hostile_record(url, name, "s2")
     _agree(url, monkeypatch, caplog)
 
 
@@ -253,11 +260,7 @@ def test_a_hostile_step_a_later_record_replaces_loads_as_reading_whole_documents
     """The load leaves a step's fragment unparsed when a later record replaces it: a
     hostile one must still make the record read (or be refused) as the whole document is."""
     url = _build(tmp_path)
-    with CheckpointStore(url) as store:
-        head = store._head(RUN)
-        version, chash = head.version, head.hash
-    body = HOSTILE_BODIES[name]("s5").encode("utf-8", "surrogatepass").replace(b"<xff>", b"\xff")
-    _write_record(url, version + 1, version, chash, body)
+    version, chash, body = _hostile_record(url, name, "s5")
     later = (_steps("s5", _step_json("s5", result="replaced")) if then == "replaced"
              else '{"removed":["s5"]}').encode()
     _write_record(url, version + 2, version + 1,
