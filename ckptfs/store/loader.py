@@ -147,7 +147,7 @@ def _apply_split(state: dict[str, Any], step_json: dict[str, msgspec.Raw],
     """`apply_body` of a body read as fragments (the same state), keeping each step's bytes.
 
     A body whose steps were left unparsed puts the fragments themselves in the state:
-    `_parse_steps` parses those that survive, once every body is applied, so a step a later
+    `materialise` parses those that survive, once every body is applied, so a step a later
     record replaces (a third of a long run's snapshot, at a load's newest version) is never
     parsed. Their order in the state is the same either way (dict updates in place)."""
     if body.run is not None:
