@@ -99,16 +99,7 @@ def run(n_start: int, steps: int, root: str) -> dict[str, Any]:
     for step in range(steps + 1):  # step 0 writes the starting state, not timed
         if step:
             msgs.append(conv.message(n_start + step))
-        version = step + 1
-        checkpoint: Any = {
-            "v": 4, "id": str(uuid6(clock_seq=step)), "ts": datetime.now(UTC).isoformat(),
-            "channel_values": {"messages": list(msgs), "turns": step},
-            "channel_versions": {"messages": version, "turns": version, "__start__": 1},
-            "versions_seen": {"agent": {"messages": version - 1}, "__input__": {}},
-            "updated_channels": ["messages", "turns"],
-        }
-        metadata: Any = {"source": "loop", "step": step, "parents": {}}
-        new_versions = {"messages": version, "turns": version}
+        checkpoint, metadata, new_versions = checkpoint_of(step, msgs)
         order = list(savers) if step % 2 else list(reversed(savers))
         for name in order:
             t0 = time.perf_counter()
