@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import errno
+import io
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,6 +48,54 @@ class TestLocal(StorageConformance):
         assert st.get("a") == b"1"
         assert os.listdir(tmp_path / "s") == ["a"]
 
+    def test_an_exclusive_write_is_never_visible_before_it_is_whole(self, tmp_path: Path) -> None:
+        st = open_storage(str(tmp_path / "s"))
+        st.put("r/log/old", b"0")
+        seen: list[list[str]] = []
+
+        class Src(io.BytesIO):
+            chunks = [b"a" * 4096, b"b" * 4096]
+
+            def read(self, size: int | None = -1) -> bytes:
+                seen.append(sorted(os.listdir(tmp_path / "s/r/log")))
+                return self.chunks.pop(0) if self.chunks else b""
+
+        st.put_stream("r/log/new", Src(), exclusive=True)
+        assert seen and all(names == ["old"] for names in seen)  # not even a temp name
+        assert st.get("r/log/new") == b"a" * 4096 + b"b" * 4096
+
+    def test_a_writer_killed_mid_write_leaves_nothing_behind(self, tmp_path: Path) -> None:
+        child = subprocess.Popen([sys.executable, "-c", _HALF_WRITTEN, str(tmp_path / "s")],
+                                 stdout=subprocess.PIPE, cwd=str(Path(__file__).parent.parent))
+        assert child.stdout is not None
+        assert child.stdout.readline() == b"writing\n"  # a MiB is written, the rest never comes
+        child.kill()
+        child.wait()
+        assert sorted(os.listdir(tmp_path / "s/r/log")) == ["old"]
+        assert open_storage(str(tmp_path / "s")).list("") == ["r/log/old"]
+
+    @pytest.mark.parametrize("why", ["switched off", "EOPNOTSUPP"])
+    def test_named_temp_files_where_o_tmpfile_is_unavailable(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, why: str) -> None:
+        st = open_storage(str(tmp_path / "s"))
+        assert isinstance(st, LocalStorage)
+        if why == "switched off":
+            st._use_tmpfile = False
+        else:
+            real_open = os.open
+
+            def no_tmpfile(path: str, flags: int, *args: object, **kw: object) -> int:
+                if flags & os.O_TMPFILE == os.O_TMPFILE:
+                    raise OSError(errno.EOPNOTSUPP, "not on this filesystem")
+                return real_open(path, flags, *args, **kw)  # type: ignore[arg-type]
+
+            monkeypatch.setattr(os, "open", no_tmpfile)
+        st.put_if_absent("a", b"1")
+        with pytest.raises(FileExistsError):
+            st.put_if_absent("a", b"2")
+        assert st._use_tmpfile is False
+        assert st.get("a") == b"1" and os.listdir(tmp_path / "s") == ["a"]
+
     @pytest.mark.parametrize("kind", ["symlink", "directory", "fifo", "dangling symlink"])
     def test_put_if_absent_beside_judges_a_strange_witness_as_exists_does(
             self, tmp_path: Path, kind: str) -> None:
@@ -78,3 +130,20 @@ class TestLocal(StorageConformance):
         (tmp_path / "f").write_text("x")
         with pytest.raises(StorageUnavailableError, match="not a directory"):
             open_storage(str(tmp_path / "f")).check()
+
+
+_HALF_WRITTEN = """
+import sys
+from ckptfs.storage.local import LocalStorage
+st = LocalStorage(sys.argv[1], sys.argv[1])
+st.put("r/log/old", b"0")
+class Src:
+    sent = False
+    def read(self, size=-1):
+        if self.sent:
+            print("writing", flush=True)
+            import time; time.sleep(600)
+        self.sent = True
+        return b"x" * (1 << 20)
+st.put_stream("r/log/new", Src(), exclusive=True)
+"""
