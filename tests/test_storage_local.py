@@ -96,6 +96,43 @@ class TestLocal(StorageConformance):
         assert st._use_tmpfile is False
         assert st.get("a") == b"1" and os.listdir(tmp_path / "s") == ["a"]
 
+    def test_proc_gone_after_start_falls_back_to_named_temps(
+            self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        from ckptfs.errors import StoreNotWritableError
+        from ckptfs.storage import local
+
+        st = open_storage(str(tmp_path / "s"))
+        assert isinstance(st, LocalStorage) and st._use_tmpfile
+        monkeypatch.setattr(local, "_PROC_FD", str(tmp_path / "no-proc/self/fd"))
+        with pytest.raises(StoreNotWritableError, match="nothing was stored, write it again"):
+            st.put_stream("r/s", io.BytesIO(b"streamed"), exclusive=True)  # read once, gone
+        assert st._use_tmpfile is False and os.listdir(tmp_path / "s/r") == []
+        st._use_tmpfile = True
+        st.put_if_absent("r/a", b"1")  # its bytes are at hand: written again as a named temp
+        assert st._use_tmpfile is False
+        st._use_tmpfile = True
+        assert st.put_if_absent_beside("r/b", b"2", "r/a") is True
+        st.put_stream("r/s", io.BytesIO(b"streamed"), exclusive=True)
+        assert [st.get(k) for k in ("r/a", "r/b", "r/s")] == [b"1", b"2", b"streamed"]
+        assert sorted(os.listdir(tmp_path / "s/r")) == ["a", "b", "s"]
+
+    def test_a_write_into_a_directory_removed_meanwhile_names_the_key(self, tmp_path: Path) -> None:
+        st = open_storage(str(tmp_path / "s"))
+        st.put_if_absent("r/log/old", b"0")
+        os.unlink(tmp_path / "s/r/log/old")
+
+        class Src(io.BytesIO):
+            def read(self, size: int | None = -1) -> bytes:
+                if (tmp_path / "s/r/log").exists():
+                    os.rmdir(tmp_path / "s/r/log")  # empty: the file being written has no name
+                    return b"x"
+                return b""
+
+        with pytest.raises(FileNotFoundError) as got:
+            st.put_stream("r/log/new", Src(), exclusive=True)
+        assert got.value.filename == "r/log/new"
+        assert not (tmp_path / "s/r/log").exists()
+
     @pytest.mark.parametrize("kind", ["symlink", "directory", "fifo", "dangling symlink"])
     def test_put_if_absent_beside_judges_a_strange_witness_as_exists_does(
             self, tmp_path: Path, kind: str) -> None:

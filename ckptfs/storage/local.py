@@ -7,6 +7,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import functools
 import itertools
 import logging
 import os
@@ -42,6 +43,16 @@ _Stack = list[tuple[int, Iterator[str], str]]  # spelled here: inside the class,
 _PROC_FD = "/proc/self/fd"
 _TMPFILE_OK = hasattr(os, "O_TMPFILE") and os.path.isdir(_PROC_FD)
 _NO_TMPFILE = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
+
+
+def _named(exc: OSError, key: str) -> OSError:
+    """`exc` naming the key, not the "." or /proc path the call was made with."""
+    return OSError(exc.errno, exc.strerror, key)
+
+
+class _Unlinked(Exception):
+    """An anonymous inode could not be linked in because /proc/self/fd is gone: nothing is
+    stored, and the write can go again as a named temp."""
 
 
 class _Staged(NamedTuple):
@@ -224,7 +235,7 @@ class LocalStorage(Storage):
                 fd = os.open(".", os.O_WRONLY | os.O_TMPFILE | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
             except OSError as exc:
                 if exc.errno not in _NO_TMPFILE:
-                    raise self._write_error(key, exc) from None
+                    raise self._write_error(key, _named(exc, key)) from None
                 self._use_tmpfile = False  # this filesystem cannot: named temps from now on
         if fd < 0:
             # unique without a uuid per write: this store's random prefix and a counter
@@ -257,11 +268,23 @@ class LocalStorage(Storage):
         linkat/renameat/renameat2 create or replace the entry itself: a link already at
         `name` is replaced (overwrite) or counts as taken (exclusive), never written through.
         """
+        if staged.fd >= 0:  # an anonymous inode (exclusive): linkat refuses a taken name
+            try:
+                os.link(f"{_PROC_FD}/{staged.fd}", name, dst_dir_fd=dir_fd, follow_symlinks=True)
+            except FileExistsError:
+                raise
+            except OSError as exc:
+                if not os.path.isdir(_PROC_FD):
+                    self._use_tmpfile = False  # /proc went away: named temps from now on
+                    raise _Unlinked(key) from None
+                raise self._write_error(key, _named(exc, key)) from None
+            finally:
+                os.close(staged.fd)
+            self._fsync_fd(dir_fd)
+            return
         tmp = staged.tmp
         try:
-            if staged.fd >= 0:  # an anonymous inode (exclusive): linkat refuses a taken name
-                os.link(f"{_PROC_FD}/{staged.fd}", name, dst_dir_fd=dir_fd, follow_symlinks=True)
-            elif not exclusive:
+            if not exclusive:
                 os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             elif self._use_renameat2:
                 rc = RENAMEAT2(dir_fd, os.fsencode(tmp), dir_fd, os.fsencode(name),
@@ -277,15 +300,11 @@ class LocalStorage(Storage):
                 os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
                 os.unlink(tmp, dir_fd=dir_fd)
         except BaseException as exc:
-            if tmp:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp, dir_fd=dir_fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
             if isinstance(exc, OSError) and not isinstance(exc, FileExistsError):
                 raise self._write_error(key, exc) from None
             raise
-        finally:
-            if staged.fd >= 0:
-                os.close(staged.fd)
         self._fsync_fd(dir_fd)
 
     def _write_all(self, fd: int, data: bytes | memoryview) -> None:
@@ -311,11 +330,21 @@ class LocalStorage(Storage):
     def put_if_absent(self, key: str, data: bytes) -> str:
         return self._put(key, lambda fd: self._write_all(fd, data), exclusive=True)
 
-    def _put(self, key: str, writer: Any, exclusive: bool) -> str:
+    def _put(self, key: str, writer: Any, exclusive: bool, *, again: bool = True) -> str:
+        """Write and publish; `again`: the writer can run twice (it holds its bytes), so an
+        anonymous inode that could not be linked is written once more as a named temp."""
         dfd, name = self._dir_for_write(key)
         try:
-            staged = self._write_temp(dfd, name, key, writer, anonymous=exclusive)
-            self._commit(dfd, staged, name, key, exclusive=exclusive)
+            try:
+                staged = self._write_temp(dfd, name, key, writer, anonymous=exclusive)
+                self._commit(dfd, staged, name, key, exclusive=exclusive)
+            except _Unlinked:
+                if not again:
+                    raise self._not_writable(key, f"{_PROC_FD} went away during the write, so "
+                                             "it could not be linked in; nothing was stored, "
+                                             "write it again") from None
+                staged = self._write_temp(dfd, name, key, writer)
+                self._commit(dfd, staged, name, key, exclusive=exclusive)
         finally:
             os.close(dfd)
         return staged.etag
@@ -327,9 +356,13 @@ class LocalStorage(Storage):
             return super().put_if_absent_beside(key, data, witness)
         dfd, name = self._dir_for_write(key)
         try:
-            staged = self._write_temp(dfd, name, key, lambda fd: self._write_all(fd, data),
-                                      anonymous=True)
-            self._commit(dfd, staged, name, key, exclusive=True)
+            writer = functools.partial(self._write_all, data=data)
+            try:
+                staged = self._write_temp(dfd, name, key, writer, anonymous=True)
+                self._commit(dfd, staged, name, key, exclusive=True)
+            except _Unlinked:
+                staged = self._write_temp(dfd, name, key, writer)
+                self._commit(dfd, staged, name, key, exclusive=True)
             try:
                 st = os.stat(wname, dir_fd=dfd, follow_symlinks=False)
             except FileNotFoundError:
@@ -371,7 +404,7 @@ class LocalStorage(Storage):
                 if self.fsync:
                     os.fdatasync(fd)  # bounded flushes, as in _write_all
 
-        self._put(key, copy, exclusive=exclusive)
+        self._put(key, copy, exclusive=exclusive, again=False)
 
     def delete(self, key: str) -> None:
         """Unlink the entry itself (unlinkat: a link is removed, never what it points at).
