@@ -7,7 +7,6 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
-import functools
 import itertools
 import logging
 import os
@@ -331,22 +330,27 @@ class LocalStorage(Storage):
         return self._put(key, lambda fd: self._write_all(fd, data), exclusive=True)
 
     def _put(self, key: str, writer: Any, exclusive: bool, *, again: bool = True) -> str:
-        """Write and publish; `again`: the writer can run twice (it holds its bytes), so an
-        anonymous inode that could not be linked is written once more as a named temp."""
         dfd, name = self._dir_for_write(key)
         try:
-            try:
-                staged = self._write_temp(dfd, name, key, writer, anonymous=exclusive)
-                self._commit(dfd, staged, name, key, exclusive=exclusive)
-            except _Unlinked:
-                if not again:
-                    raise self._not_writable(key, f"{_PROC_FD} went away during the write, so "
-                                             "it could not be linked in; nothing was stored, "
-                                             "write it again") from None
-                staged = self._write_temp(dfd, name, key, writer)
-                self._commit(dfd, staged, name, key, exclusive=exclusive)
+            return self._write_and_publish(dfd, name, key, writer, exclusive, again)
         finally:
             os.close(dfd)
+
+    def _write_and_publish(self, dfd: int, name: str, key: str, writer: Any, exclusive: bool,
+                           again: bool = True) -> str:
+        """`_write_temp` then `_commit`; the etag. `again`: the writer can run twice (it holds
+        its bytes), so an anonymous inode that could not be linked is written once more as a
+        named temp; a stream cannot be read twice and is refused."""
+        try:
+            staged = self._write_temp(dfd, name, key, writer, anonymous=exclusive)
+            self._commit(dfd, staged, name, key, exclusive=exclusive)
+        except _Unlinked:
+            if not again:
+                raise self._not_writable(key, f"{_PROC_FD} went away during the write, so it "
+                                         "could not be linked in; nothing was stored, write it "
+                                         "again") from None
+            staged = self._write_temp(dfd, name, key, writer)
+            self._commit(dfd, staged, name, key, exclusive=exclusive)
         return staged.etag
 
     def put_if_absent_beside(self, key: str, data: bytes, witness: str) -> bool:
@@ -356,13 +360,7 @@ class LocalStorage(Storage):
             return super().put_if_absent_beside(key, data, witness)
         dfd, name = self._dir_for_write(key)
         try:
-            writer = functools.partial(self._write_all, data=data)
-            try:
-                staged = self._write_temp(dfd, name, key, writer, anonymous=True)
-                self._commit(dfd, staged, name, key, exclusive=True)
-            except _Unlinked:
-                staged = self._write_temp(dfd, name, key, writer)
-                self._commit(dfd, staged, name, key, exclusive=True)
+            self._write_and_publish(dfd, name, key, lambda fd: self._write_all(fd, data), True)
             try:
                 st = os.stat(wname, dir_fd=dfd, follow_symlinks=False)
             except FileNotFoundError:
