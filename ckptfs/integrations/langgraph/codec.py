@@ -47,6 +47,8 @@ _PROBE = 64  # bytes of the base's end looked for in the new value
 _WIDE_PROBE = 1024
 _SHIFTS = sorted(range(-16, 17), key=abs)  # length-prefix changes tried, smallest first
 _U32 = struct.Struct("<I")
+# One encoder for every header: json.dumps with options builds a new one per call.
+_HEADER_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 _local = threading.local()  # zstd (de)compressors are not thread-safe; one per thread is reused
 
 
@@ -265,7 +267,7 @@ def decompress(frame: bytes, key: str, base: bytes | None = None,
 def pack(header: dict[str, Any], raw: bytes, parts: list[Part]) -> bytes:
     """Build one object; `header` gains the part list, `raw` goes after it in frame0."""
     header = dict(header, v=FORMAT_VERSION, parts=[p.meta() for p in parts])
-    head = json.dumps(header, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    head = _HEADER_JSON.encode(header).encode()
     frame0 = compress_full(_U32.pack(len(head)) + head + raw)
     return b"".join([MAGIC, _U32.pack(len(frame0)), frame0, *(p.frame for p in parts)])
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 # characters are refused. Encoding keeps uuid6 checkpoint ids unchanged, so a listing sorts by time.
 import functools
 import hashlib
+import re
 from collections.abc import Iterable
 from urllib.parse import unquote
 
@@ -30,6 +31,7 @@ from ckptfs.errors import InvalidIdError
 LG_ROOT = "langgraph"
 LG_MAX_SEGMENT = 200
 _LG_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+_ALL_SAFE = re.compile(r"[A-Za-z0-9_-]+")  # ASCII only: no re.UNICODE class, so 'é' or '٣' do not match
 
 
 def lg_encode(value: str, what: str = "id") -> str:
@@ -49,7 +51,11 @@ def lg_encode(value: str, what: str = "id") -> str:
 @functools.lru_cache(maxsize=4096)
 def _percent(value: str) -> str:
     """Remembered: a read or write names the same few ids several times (thread, namespace,
-    checkpoint), and a byte-by-byte encoding costs more than the index lookup it leads to."""
+    checkpoint), and a byte-by-byte encoding costs more than the index lookup it leads to.
+    An id that needs no escape (every uuid6 checkpoint id: each put names a new one) is
+    recognised by one regex match rather than walked byte by byte."""
+    if _ALL_SAFE.fullmatch(value):
+        return value
     return "".join(chr(b) if b in _LG_SAFE else f"%{b:02X}" for b in value.encode("utf-8"))
 
 
