@@ -26,7 +26,6 @@ import functools
 import json
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -70,6 +69,7 @@ from ckptfs.integrations.langgraph.keys import (
     lg_write_slot,
     lg_writes_prefix,
 )
+from ckptfs.integrations.langgraph.memory import Loaded, ParsedCache, ValueCache
 from ckptfs.integrations.langgraph.ownership import (
     DEFAULT_IDLE,
     DEFAULT_TTL,
@@ -105,8 +105,6 @@ _Strs = list[str]
 DEFAULT_FULL_EVERY = 16
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 _MAX_WROTE = 10_000
-_PARSED_ITEMS = 64  # objects kept parsed, by key (`_ParsedCache`)
-_PARSED_MAX_BYTES = 256 * 1024  # an object larger than this is parsed again on each read
 _CKPT = "ckpt/"
 _HELD = "held/"
 _PLAN_BODY = b"plan\n"  # a read plan is its key; not empty: an exclusive PUT (copy_thread) refuses b""
@@ -139,85 +137,13 @@ class _Plan:
         return None
 
 
-@dataclass
-class _Loaded:
-    """One checkpoint object read back: where it lives and its parsed content."""
-
-    key: str
-    obj: fmt.Unpacked
-
-    @property
-    def header(self) -> dict[str, Any]:
-        return self.obj.header
-
-
-class _ValueCache:
-    """Bounded LRU of serialized channel versions, so a put compresses against memory, not a read."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._items: OrderedDict[tuple[str, str, str, str], tuple[str, bytes, int]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[str, str, str, str]) -> tuple[str, bytes, int] | None:
-        with self._lock:
-            item = self._items.get(key)
-            if item is not None:
-                self._items.move_to_end(key)
-            return item
-
-    def put(self, key: tuple[str, str, str, str], item: tuple[str, bytes, int]) -> None:
-        if len(item[1]) > self.max_bytes:
-            return
-        with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self._bytes -= len(old[1])
-            self._items[key] = item
-            self._bytes += len(item[1])
-            while self._bytes > self.max_bytes and self._items:
-                _, dropped = self._items.popitem(last=False)
-                self._bytes -= len(dropped[1])
-
-    def forget_thread(self, thread_id: str) -> None:
-        with self._lock:
-            for key in [k for k in self._items if k[0] == thread_id]:
-                self._bytes -= len(self._items.pop(key)[1])
-
-
-class _ParsedCache:
-    """The last objects read, parsed, by key: a read whose bytes are the very bytes parsed
-    before skips the zstd decode and the header's JSON (a third of a warm `get_tuple` of a
-    small thread). Keyed by content, not trusted by key: an object replaced meanwhile (a
-    checkpoint stored again, another process) has other bytes and is parsed anew."""
-
-    def __init__(self) -> None:
-        self._items: OrderedDict[str, tuple[bytes, fmt.Unpacked]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def parse(self, key: str, data: bytes, max_decoded: int) -> fmt.Unpacked:
-        with self._lock:
-            hit = self._items.get(key)
-        if hit is not None and hit[0] == data:
-            return hit[1]
-        obj = fmt.unpack(data, key, max_decoded)
-        if len(data) <= _PARSED_MAX_BYTES:
-            with self._lock:
-                self._items[key] = (data, obj)
-                self._items.move_to_end(key)
-                while len(self._items) > _PARSED_ITEMS:
-                    self._items.popitem(last=False)
-        return obj
-
-
 def _writes_of(ns_prefix: str, checkpoint_key: str) -> str:
     """`lg_writes_prefix` of the checkpoint a key names, from the key (no decode, no encode)."""
     return f"{ns_prefix}writes/{checkpoint_key.rsplit('/', 1)[1]}/"
 
 
-def _of_run(run_id: str) -> Callable[[Sequence[_Loaded]], set[str]]:
-    def choose(items: Sequence[_Loaded]) -> set[str]:
+def _of_run(run_id: str) -> Callable[[Sequence[Loaded]], set[str]]:
+    def choose(items: Sequence[Loaded]) -> set[str]:
         return {str(i.header["id"]) for i in items if i.header.get("run_id") == run_id}
     return choose
 
@@ -290,8 +216,8 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         self.storage: Storage = storage
         self.full_every = full_every
         self.max_decoded_bytes = max_decoded_bytes
-        self._values = _ValueCache(cache_bytes)
-        self._parsed = _ParsedCache()
+        self._values = ValueCache(cache_bytes)
+        self._parsed = ParsedCache()
         # A request's latency, not local CPU, is the cost of a read: get_tuple sends the GET of
         # the checkpoint and the listing of its writes together (one round trip, not two).
         self._remote = storage.capabilities.remote
@@ -334,8 +260,8 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
     def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint_id}}
 
-    def _read(self, key: str) -> _Loaded:
-        return _Loaded(key, self._parsed.parse(key, self.storage.get(key), self.max_decoded_bytes))
+    def _read(self, key: str) -> Loaded:
+        return Loaded(key, self._parsed.parse(key, self.storage.get(key), self.max_decoded_bytes))
 
     def _get_optional(self, key: str) -> bytes | None:
         try:
@@ -363,7 +289,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         return pool.submit(fn)
 
     def _read_holder(self, thread_id: str, ns: str, checkpoint_id: str,
-                     seen: dict[str, _Loaded]) -> _Loaded:
+                     seen: dict[str, Loaded]) -> Loaded:
         """The object holding a checkpoint's channel versions: `ckpt/` or, once pruned, `held/`."""
         if checkpoint_id in seen:
             return seen[checkpoint_id]
@@ -381,7 +307,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         return loaded
 
     def _channel(self, thread_id: str, ns: str, holder: str, channel: str,
-                 seen: dict[str, _Loaded], depth_limit: int | None = None) -> tuple[str, bytes, int]:
+                 seen: dict[str, Loaded], depth_limit: int | None = None) -> tuple[str, bytes, int]:
         """(serde type, serialized bytes, depth) of one channel version, rebuilding its delta chain."""
         ck = (thread_id, ns, holder, channel)
         hit = self._values.get(ck)
@@ -440,9 +366,9 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         ordered = sorted(found.values(), key=lambda w: writes_sort_key(w[0], w[1], w[3]))
         return [(tid, ch, self.serde.loads_typed(val)) for _, tid, ch, _, val in ordered]
 
-    def _tuple(self, thread_id: str, loaded: _Loaded, writes_keys: list[str] | None = None,
+    def _tuple(self, thread_id: str, loaded: Loaded, writes_keys: list[str] | None = None,
                metadata: CheckpointMetadata | None = None, listing: Sequence[str] = (),
-               pre: Mapping[str, _Loaded] | None = None) -> CheckpointTuple:
+               pre: Mapping[str, Loaded] | None = None) -> CheckpointTuple:
         head = loaded.header
         ns, checkpoint_id = str(head["ns"]), str(head["id"])
         seen = {**(pre or {}), checkpoint_id: loaded}
@@ -467,7 +393,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             pending_writes=self._writes(thread_id, ns, checkpoint_id, writes_keys),
         )
 
-    def _prefetch(self, thread_id: str, ns: str, loaded: _Loaded, seen: dict[str, _Loaded],
+    def _prefetch(self, thread_id: str, ns: str, loaded: Loaded, seen: dict[str, Loaded],
                   listing: Sequence[str]) -> None:
         """Remote storage: fetch together the objects the checkpoint's channel values are read
         from when they are not in the cache, rather than one round trip per link of a delta
@@ -498,7 +424,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         for cid, key, data in zip(ids, keys, self._get_all(keys), strict=True):
             if data is not None:
                 with contextlib.suppress(CorruptFileError):  # the walk reads it again and says why
-                    seen[cid] = _Loaded(key, self._parsed.parse(key, data, self.max_decoded_bytes))
+                    seen[cid] = Loaded(key, self._parsed.parse(key, data, self.max_decoded_bytes))
 
     def _writes_by_checkpoint(self, prefix: str) -> dict[str, list[str]]:
         """Pending-write keys of one namespace by encoded checkpoint id: one listing, not one each."""
@@ -508,7 +434,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             index.setdefault(wkey[start:].split("/", 1)[0], []).append(wkey)
         return index
 
-    def _metadata(self, loaded: _Loaded) -> CheckpointMetadata:
+    def _metadata(self, loaded: Loaded) -> CheckpointMetadata:
         return cast(CheckpointMetadata,
                     self.serde.loads_typed((loaded.header["mt"], loaded.obj.section("mo", "mn"))))
 
@@ -566,7 +492,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 if newest is None:
                     return None
                 key, data, wkeys = newest
-                loaded = _Loaded(key, self._parsed.parse(key, data, self.max_decoded_bytes))
+                loaded = Loaded(key, self._parsed.parse(key, data, self.max_decoded_bytes))
                 return self._tuple(thread_id, loaded, wkeys)
             if checkpoint_id is None:
                 try:
@@ -585,7 +511,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             return self._tuple(thread_id, *by_id)
         return None
 
-    def _read_with_writes(self, prefix: str, key: str) -> tuple[_Loaded, list[str] | None]:
+    def _read_with_writes(self, prefix: str, key: str) -> tuple[Loaded, list[str] | None]:
         """A checkpoint object and (remote storage) the keys of its pending writes, listed while
         the object is fetched. FileNotFoundError if the object is not there."""
         writes = self._beside(functools.partial(self.storage.list, _writes_of(prefix, key)))
@@ -598,7 +524,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         return loaded, writes.result() if writes is not None else None
 
     def _newest_remote(self, thread_id: str, ns: str, prefix: str
-                       ) -> tuple[_Loaded, list[str] | None, list[str], dict[str, _Loaded]] | None:
+                       ) -> tuple[Loaded, list[str] | None, list[str], dict[str, Loaded]] | None:
         """The newest checkpoint of a namespace and its writes' keys, by listing; FileNotFoundError
         when it went before it was read (the caller starts over)."""
         with self._lock:
@@ -608,7 +534,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             newer = self._beside(functools.partial(self.storage.list, prefix + _CKPT, hint))
             assert newer is not None
             try:
-                found: tuple[_Loaded, list[str] | None] | None = self._read_with_writes(prefix, hint)
+                found: tuple[Loaded, list[str] | None] | None = self._read_with_writes(prefix, hint)
             except FileNotFoundError:
                 found = None  # pruned or deleted meanwhile
             later = _checkpoint_keys(newer.result())
@@ -632,12 +558,12 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                            for cid, k in plan]
                 keys = []  # the plan names what is needed: no guess from the listing on top
         found = self._read_with_writes(prefix, key)
-        seen: dict[str, _Loaded] = {}
+        seen: dict[str, Loaded] = {}
         for cid, pkey, fut in planned:
             data = fut.result() if fut is not None else None
             if data is not None:
                 with contextlib.suppress(CorruptFileError):  # the walk reads it again and says why
-                    seen[cid] = _Loaded(pkey, self._parsed.parse(pkey, data, self.max_decoded_bytes))
+                    seen[cid] = Loaded(pkey, self._parsed.parse(pkey, data, self.max_decoded_bytes))
         if self._remote:
             with self._lock:  # what the listing says now, even below an older hint (pruned)
                 self._newest[(thread_id, ns)] = key
@@ -762,7 +688,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             except FileNotFoundError:
                 cursor = None
         writes_of = self._writes_by_checkpoint(prefix) if cursor is not None else {}
-        seen: dict[str, _Loaded] = {}
+        seen: dict[str, Loaded] = {}
         remaining = set(wanted)
         while cursor is not None and remaining:
             try:
@@ -1001,7 +927,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         return [f"{tp}{seg}/" for seg in self.storage.list_dirs(tp)]
 
     def _remove(self, thread_id: str, prefix: str,
-                choose: Callable[[Sequence[_Loaded]], set[str]]) -> int:
+                choose: Callable[[Sequence[Loaded]], set[str]]) -> int:
         """Remove the checkpoints `choose` picks from one namespace, keeping what survivors need.
 
         Channel versions a surviving checkpoint still reads (directly or as a delta base) are
@@ -1011,7 +937,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         ckpt_keys = _checkpoint_keys(listed)
         plan_keys = [k for k in listed if lg_is_plan(k)]
         held_keys = self.storage.list(prefix + _HELD)
-        loaded: dict[str, _Loaded] = {}
+        loaded: dict[str, Loaded] = {}
         for key in ckpt_keys:
             try:
                 item = self._read(key)
@@ -1035,7 +961,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         remove -= keep
         if not remove:
             return 0
-        holders: dict[str, _Loaded] = dict(loaded)
+        holders: dict[str, Loaded] = dict(loaded)
         for key in held_keys:
             try:
                 item = self._read(key)
@@ -1071,7 +997,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         self._forget(thread_id, ns)
         return len(remove)
 
-    def _delta_ancestors(self, loaded: Mapping[str, _Loaded], cid: str) -> _Strs:
+    def _delta_ancestors(self, loaded: Mapping[str, Loaded], cid: str) -> _Strs:
         """The ancestors a checkpoint's delta channels rebuild from: up to the nearest that
         stores each channel whose value the checkpoint itself does not store."""
         head = loaded[cid].header
