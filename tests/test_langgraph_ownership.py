@@ -5,6 +5,9 @@ ThreadBusyError naming thread and holder, nothing written. Waiting: the write go
 once the holder lets go. Crashed holder (SIGKILL): taken over after the ttl. Stalled holder
 (SIGSTOP): taken over; when it wakes its next write is refused, so the history never forks.
 Idle: a holder gives the thread back by itself, and writes again only after reading it again.
+Slow storage (S3 through a proxy that holds this process's requests): a write that returns after
+a successor took the thread over is refused, not acknowledged; one that returns late with nobody
+in its place is acknowledged.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from langgraph.checkpoint.base.id import uuid6
 from ckptfs.integrations.langgraph import CkptfsSaver
 from ckptfs.integrations.langgraph.ownership import ThreadBusyError, ThreadLeases, read_thread_lease
 from ckptfs.storage.registry import open_storage
+from tests._fault_proxy import FaultProxy, Request
 
 TTL = 2.0  # short for the tests; renewals every ttl/4
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +40,7 @@ from langgraph.checkpoint.base.id import uuid6
 from ckptfs.integrations.langgraph import CkptfsSaver
 from ckptfs.integrations.langgraph.ownership import ThreadBusyError
 url, opts, ttl, idle = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-saver = CkptfsSaver(url, opts, lease_ttl=ttl, lease_idle=idle)
+saver = CkptfsSaver(url, opts, lease_ttl=ttl, lease_idle=idle, busy_timeout=float(sys.argv[5]))
 base = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
 cfg, n = base, 0
 print("holder", saver.leases.holder, flush=True)
@@ -64,8 +68,9 @@ for line in sys.stdin:
 class Child:
     """A second process writing thread "t" through its own CkptfsSaver, driven line by line."""
 
-    def __init__(self, url: str, opts: dict[str, Any], ttl: float = TTL, idle: float = 60.0) -> None:
-        argv = [sys.executable, "-c", _CHILD, url, json.dumps(opts), str(ttl), str(idle)]
+    def __init__(self, url: str, opts: dict[str, Any], ttl: float = TTL, idle: float = 60.0,
+                 busy: float = 0.0) -> None:
+        argv = [sys.executable, "-c", _CHILD, url, json.dumps(opts), str(ttl), str(idle), str(busy)]
         self.proc = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         first = self._line()
         assert first.startswith("holder "), first
@@ -285,3 +290,85 @@ def test_eight_contenders_one_winner(tmp_path: Path) -> None:
     assert all(o == f"busy:{winners[0]}" for h, o in outcome.items() if h != winners[0])
     for m in managers:
         m.close()
+
+
+class _Gate:
+    """A proxy rule that holds every request while closed (the link of one process stalls: its
+    writes, and its keeper's renewals, wait in the network), and lets them go when opened."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+        self.open.set()
+        self.held = 0
+
+    def __call__(self, req: Request) -> None:
+        if not self.open.is_set():
+            self.held += 1
+            self.open.wait(timeout=60)
+
+
+def _slow_link(s3: Any, tag: str) -> tuple[str, _Gate, FaultProxy]:
+    gate = _Gate()
+    return s3.url(f"{tag}-{os.getpid()}-{time.monotonic_ns()}"), gate, FaultProxy(s3.endpoint, gate)
+
+
+def _through(s3: Any, proxy: FaultProxy) -> dict[str, Any]:
+    return {**s3.storage_options, "client_kwargs": {"endpoint_url": proxy.endpoint, "region_name": s3.region}}
+
+
+SHORT = 1.0  # the ttl of these tests: a successor takes over after a second of silence
+
+
+def test_a_write_that_lands_after_a_takeover_is_refused_not_acknowledged(
+        s3: Any, child_factory: Any) -> None:
+    url, gate, proxy = _slow_link(s3, "late")
+    with proxy:
+        saver = CkptfsSaver(url, _through(s3, proxy), lease_ttl=SHORT)
+        cfg = _put(saver, BASE, "a1", 1)
+        successor = child_factory(url, s3.storage_options, ttl=SHORT, busy=30)
+        assert successor.do("read") == "ok"
+        gate.open.clear()  # from now on this process's requests wait in the network
+        outcome: dict[str, Any] = {}
+
+        def late_put() -> None:
+            try:
+                outcome["acknowledged"] = _put(saver, cfg, "a2-late", 2)
+            except ThreadBusyError as exc:
+                outcome["refused"] = exc
+
+        writer = threading.Thread(target=late_put)
+        writer.start()
+        # the successor sees the lease unchanged for a full ttl (renewals are stuck), takes over
+        assert successor.do("put c1") == "ok"
+        gate.open.set()  # the late put lands now, after the takeover
+        writer.join(timeout=60)
+    assert gate.held >= 2, "the proxy held nothing: the test would be blind"
+    assert "acknowledged" not in outcome, "a put that landed after a takeover was acknowledged"
+    err = outcome["refused"]
+    assert err.thread_id == "t" and "not acknowledged" in str(err)
+    # the thread's line is the successor's: its checkpoint is the newest, on top of a1
+    newest = CkptfsSaver(url, s3.storage_options, exclusive=False).get_tuple(BASE)
+    assert newest is not None and newest.metadata["by"] == "c1"
+    lease = read_thread_lease(open_storage(url, s3.storage_options), "t")
+    assert lease is not None and lease.holder == successor.holder and lease.generation == 2
+    # and this process goes on only after reading the thread again
+    with pytest.raises(ThreadBusyError):
+        _put(saver, cfg, "a3", 3)
+
+
+def test_a_slow_write_with_nobody_in_its_place_is_acknowledged(s3: Any) -> None:
+    url, gate, proxy = _slow_link(s3, "slow")
+    with proxy:
+        saver = CkptfsSaver(url, _through(s3, proxy), lease_ttl=SHORT)
+        cfg = _put(saver, BASE, "a1", 1)
+        gate.open.clear()
+        threading.Timer(2.5 * SHORT, gate.open.set).start()  # longer than the lease is trusted
+        t0 = time.monotonic()
+        cfg = _put(saver, cfg, "a2-slow", 2)  # a renewal by compare-and-swap shows nobody took over
+        assert time.monotonic() - t0 >= 2 * SHORT
+        _put(saver, cfg, "a3", 3)
+        saver.close()
+    assert gate.held >= 1
+    assert [h.metadata["by"] for h in _history(url, s3.storage_options)] == ["a3", "a2-slow", "a1"]
+    lease = read_thread_lease(open_storage(url, s3.storage_options), "t")
+    assert lease is not None and lease.generation == 1 and lease.released

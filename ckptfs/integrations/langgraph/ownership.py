@@ -25,9 +25,13 @@ step leases (`ckptfs/store/leases.py`), applied to threads:
 
 All savers of one process on one store share one holder identity and one keeper, so a new
 saver in the same process (a retry, a second graph) continues the thread rather than
-contending with the first. What stays possible: a write that already passed its check when its
-process stalled for longer than 0.2 ttl can still land after a successor took over; storage
-offers no fence across objects.
+contending with the first.
+
+* **A late write is not acknowledged.** A write that outlasts the lease it started under (slow
+  storage retrying, a congested link, a stalled process) may land after a successor took over:
+  storage offers no fence across objects. `confirm` after every write turns that into
+  ThreadBusyError instead of an acknowledgment: the caller never builds on a checkpoint that is
+  off the thread's line, and the successor's newer checkpoints supersede the stray one.
 """
 
 from __future__ import annotations
@@ -226,6 +230,44 @@ class ThreadLeases:
                                       "longer than the lease ttl) and another took the thread over; "
                                       "read the thread again (a new invoke) before writing")
             self._acquire(thread_id, wait, fresh)
+
+    def confirm(self, thread_id: str) -> None:
+        """After a write returned: ThreadBusyError unless this process held the thread all along.
+
+        A write can outlast the lease it started under: storage retrying 503s, a congested
+        link (the keeper's renewals are as slow as the write). A successor may then have taken
+        the thread over while the write was in flight, and the write, landing late, forked the
+        history. So a write is acknowledged only if the lease is still trusted when it returns,
+        or, past that, if a renewal by compare-and-swap still succeeds: it can only when nobody
+        wrote the lease meanwhile, which a takeover must. A lease this process no longer holds
+        (lost, idled out, dropped) is never taken again here: a fresh acquisition would say
+        nothing about the time the write was in flight. The write itself may be stored; it is
+        then on a branch of its own that the successor's checkpoints, newer, supersede.
+        """
+        if self._fast(thread_id):
+            return
+        why = "the write returned after this process's lease ran out (slow storage?)"
+        with self._thread_lock(thread_id):
+            with self._lock:
+                held = self._held.get(thread_id)
+            if held is not None and not held.lost:
+                try:
+                    self._renew(held)
+                except Exception as exc:  # cannot prove the tenure: not acknowledged
+                    raise ThreadBusyError(thread_id, None, f"{why}, and renewing it to show that no "
+                                          f"one took the thread over failed ({exc}); the write is "
+                                          "not acknowledged: read the thread again (a new invoke) "
+                                          "before writing") from exc
+                with self._lock:
+                    if not held.lost and self.clock() < held.deadline:
+                        held.last_use = self.clock()
+                        return
+        lost_to = held.lost_to if held is not None else None
+        raise ThreadBusyError(thread_id, lost_to, f"{why}, and another process may have taken the "
+                              "thread over while it was in flight; the write is not acknowledged "
+                              "(it may be stored, on a branch that the other writer's newer "
+                              "checkpoints supersede): read the thread again (a new invoke) "
+                              "before writing")
 
     def _fast(self, thread_id: str) -> bool:
         now = self.clock()

@@ -785,6 +785,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         finally:
             if filed is not None:
                 filed.result()
+        self._confirm(thread_id)
         for channel, item in fresh:
             self._values.put((thread_id, ns, checkpoint_id, channel), item)
         with self._lock:
@@ -888,6 +889,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         for item in special:
             key = lg_write_key(thread_id, ns, checkpoint_id, task_id, lg_write_slot(item[0]))
             self.storage.put(key, self._pack_writes(task_id, task_path, [item]))
+        self._confirm(thread_id)
 
     @staticmethod
     def _pack_writes(task_id: str, task_path: str, items: Sequence[tuple[int, str, str, bytes]]) -> bytes:
@@ -1079,6 +1081,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                     self._mark_run(str(head["run_id"]), str(target_thread_id), str(head["ns"]))
             with contextlib.suppress(FileExistsError):
                 self.storage.put_if_absent(dst + key[len(src):], data)
+        self._confirm(str(target_thread_id))
 
     # ------------------------------------------------------------------------------ async
 
@@ -1155,6 +1158,12 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             self._wrote.add(thread_id)
             if len(self._wrote) > _MAX_WROTE:  # a long-lived saver: keep only what is still held
                 self._wrote &= set(self.leases.holding())
+
+    def _confirm(self, thread_id: str) -> None:
+        """After a write: acknowledge it only if this process held the thread all along
+        (`ThreadLeases.confirm`; a write slower than the lease may have forked the thread)."""
+        if self.leases is not None:
+            self.leases.confirm(thread_id)
 
     def release(self, thread_id: str | None = None) -> None:
         """Give a thread (default: every thread this saver wrote) back now, so another process
