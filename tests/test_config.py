@@ -105,7 +105,12 @@ def test_config_show_redacts_and_exits_2_on_bad_settings(
     for var in [*ENV_VARS, "CKPTFS_CONFIG"]:
         monkeypatch.delenv(var, raising=False)
     f = tmp_path / "c.toml"
-    f.write_text('[store]\nurl = "s3://user:pw@my-bucket/x"\n[mirror]\nurl = "/m"\nevery_n = 4\n')
+    # credentials in a store URL are refused, and the refusal does not echo them
+    f.write_text('[store]\nurl = "s3://user:pw/x+y@my-bucket/x"\n')
+    assert cli_main(["config", "show", "--config", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "credentials do not belong in a store URL" in err and "pw" not in err and "user" not in err
+    f.write_text('[store]\nurl = "s3://my-bucket/x"\n[mirror]\nurl = "/m"\nevery_n = 4\n')
     monkeypatch.setenv("CKPTFS_MIRROR_STORAGE_OPTIONS", '{"password": "hunter2", "anon": false}')
     assert cli_main(["config", "show", "--config", str(f), "--json",
                      "-o", "token=tok-123", "-o", "client_kwargs.region_name=eu-west-1"]) == 0

@@ -36,7 +36,8 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
                 r"[^'\"\s,&}]+"), r"\1***"),
     (re.compile(r"((?:aws_secret_access_key|aws_session_token|aws_access_key_id|secret_key|access_key)"
                 r"['\"]?\s*[:=]\s*['\"]?)[^'\"\s,}]+", re.I), r"\1***"),
-    (re.compile(r"(://)[^/@\s:]+:[^/@\s]+@"), r"\1***@"),
+    # user:secret@ in a URL, the secret possibly holding '/' or '@' (so up to the last '@')
+    (re.compile(r"(://)[^/@\s:]+:\S*@"), r"\1***@"),
 )
 
 
@@ -155,4 +156,13 @@ def configure(verbosity: int) -> logging.Handler:
     root.setLevel(logging.DEBUG if verbosity >= 3 else logging.WARNING)
     ours = {0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG)
     logging.getLogger("ckptfs").setLevel(ours)
+    sys.unraisablehook = _log_unraisable
     return handler
+
+
+def _log_unraisable(info: Any) -> None:
+    """An exception in a destructor (fsspec's FTP filesystem, half-built by a bad URL, fails in
+    its `__del__`): a DEBUG line through the scrubbing handler, not a raw traceback on stderr
+    after the command's own clear error."""
+    logging.getLogger("ckptfs.cli").debug("ignored in %r: %s: %s", info.object,
+                                          type(info.exc_value).__name__, info.exc_value)

@@ -12,7 +12,7 @@ from ckptfs.storage.base import Storage
 from ckptfs.storage.generic import FsspecStorage
 from ckptfs.storage.local import LocalStorage
 from ckptfs.storage.memory import MemoryStorage
-from ckptfs.storage.redact import redact_url, scrub_secrets
+from ckptfs.storage.redact import has_credentials, redact_url, scrub_secrets
 from ckptfs.storage.s3 import S3Storage
 
 _INSTALL_HINTS = {"gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs"}
@@ -35,7 +35,11 @@ def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> 
             raise ConfigError(f"{shown}: no path")
         return LocalStorage(url, parts.path, opts)
     if scheme in ("s3", "s3a"):
-        bucket = parts.netloc.rsplit("@", 1)[-1]
+        if has_credentials(url):  # s3fs would ignore them: refused rather than silently unused
+            raise ConfigError(f"{shown}: credentials do not belong in a store URL (shell history "
+                              "and process lists keep it); give them as storage options "
+                              "(-o key=... -o secret=...), AWS_* environment variables or a profile")
+        bucket = parts.netloc
         if not re.fullmatch(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]", bucket):
             raise ConfigError(f"{shown}: {bucket!r} is not a valid S3 bucket name")
         return S3Storage(url, bucket, parts.path, opts)
@@ -53,6 +57,13 @@ def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     except ImportError:
         hint = _INSTALL_HINTS.get(scheme, f"the fsspec backend for {scheme}://")
         raise ConfigError(f"{shown}: {scheme}:// needs an extra package: pip install {hint}") from None
+    except TypeError as exc:  # the backend wants arguments a URL alone does not give (ftp: host)
+        msg = scrub_secrets(f"{shown}: {scheme}:// cannot be opened from this URL and these "
+                            f"options: {exc}", opts)
+        raise ConfigError(msg) from None
+    except OSError as exc:  # the backend connects or opens a file at once (zip://, ftp, sftp)
+        msg = scrub_secrets(f"{shown}: cannot open {scheme}://: {type(exc).__name__}: {exc}", opts)
+        raise StorageUnavailableError(msg) from None
     root = fs._strip_protocol(url)
     return FsspecStorage(url, fs, root, opts)
 
