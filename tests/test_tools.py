@@ -274,10 +274,89 @@ def test_crash_after_send_without_guard_stops_the_run_rather_than_guess(tmp_path
     assert spawn(store_dir, outbox, "kill_after_send").returncode == -signal.SIGKILL
     second = spawn(store_dir, outbox, "resume_without_guard")
     assert second.returncode == STOPPED, second.stderr
-    assert "irreversible" in json.loads(second.stdout)["stopped"]
+    assert "recorded an intent but no completion" in json.loads(second.stdout)["stopped"]
     assert len(lines(outbox)) == 1
     run = CheckpointStore(str(store_dir)).load_run("mail-run")
     assert run is not None and run.status == "failed" and run.steps["notify"].status.value == "pending"
+
+
+@pytest.mark.parametrize("bad", [float("nan"), 10**5000, (1, 2)], ids=["nan", "huge-int", "tuple"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_paid_call_whose_result_the_store_refuses_is_not_paid_again_on_resume(
+        tmp_path: Path, bad: object, mode: str) -> None:
+    """A hostile review: the completion record was refused (NaN), nothing said the call was
+    paid, and every resume_run paid for it again. Now an `unkept` record says so durably."""
+    url, paid = str(tmp_path / "store"), tmp_path / "paid.txt"
+    returns: list[object] = [{"v": bad}]
+
+    def tool(q: str) -> object:
+        with paid.open("a") as f:
+            f.write(q + "\n")
+        return returns[0]
+
+    def attempt(guard: object = None) -> AgentRun:
+        store = CheckpointStore(url)  # a new store and agent each time: what a new process has
+        agent = CheckpointedAgent(store)
+        try:
+            if mode == "sync":
+                def executor(step: Step, prior: list[ToolCall]) -> object:
+                    return agent.tools().run("paid", {"q": step.id}, tool, guard=guard)  # type: ignore[arg-type]
+                run = agent.resume_run("r") if store.load_run("r") else agent.start_run(
+                    "g", [Step(id="a", title="a")], run_id="r")
+                return agent.execute_run(run, executor)
+
+            async def aexecutor(step: Step, prior: list[ToolCall]) -> object:
+                return await agent.tools().arun("paid", {"q": step.id}, tool, guard=guard)  # type: ignore[arg-type]
+            import asyncio
+            run = agent.resume_run("r") if store.load_run("r") else agent.start_run(
+                "g", [Step(id="a", title="a")], run_id="r")
+            return asyncio.run(agent.aexecute_run(run, aexecutor))
+        finally:
+            store.close()
+
+    with pytest.raises(RunStoppedError):
+        attempt()
+    assert lines(paid) == ["a"]
+    for _ in range(2):  # each resume stops again, and pays for nothing
+        with pytest.raises(RunStoppedError) as err:
+            attempt()
+        assert isinstance(err.value.cause, UnconfirmedActionError)
+        assert "could not keep its result" in str(err.value) and "guard=" in str(err.value)
+        assert lines(paid) == ["a"]
+    history = CheckpointStore(url).get_tool_call_history("r", "a")
+    assert [c.phase for c in history] == ["unkept"] and "result not kept" in (history[0].error or "")
+    # the caller decides: a guard that has the result (Done) finishes the step without a call
+    run = attempt(guard=lambda call: Done({"v": "recovered"}))
+    assert run.status == "completed" and run.steps["a"].result == str({"v": "recovered"})
+    assert lines(paid) == ["a"]
+    history = CheckpointStore(url).get_tool_call_history("r", "a")
+    assert [c.phase for c in history] == ["unkept", "completed"]
+    assert history[1].result == {"v": "recovered"}
+
+
+def test_a_guard_may_choose_to_pay_again_for_an_unkept_result(tmp_path: Path) -> None:
+    url, paid = str(tmp_path / "store"), tmp_path / "paid.txt"
+    returns: list[object] = [float("inf")]
+
+    def tool(q: str) -> object:
+        with paid.open("a") as f:
+            f.write(q + "\n")
+        return returns[0]
+
+    def attempt(guard: object = None) -> AgentRun:
+        with CheckpointStore(url) as store:
+            agent = CheckpointedAgent(store)
+            run = agent.resume_run("r") if store.load_run("r") else agent.start_run(
+                "g", [Step(id="a", title="a")], run_id="r")
+            return agent.execute_run(run, lambda step, prior: agent.tools().run(
+                "paid", {"q": step.id}, tool, guard=guard))  # type: ignore[arg-type]
+
+    with pytest.raises(RunStoppedError):
+        attempt()
+    returns[0] = 1.5  # the tool mended; the operator says: call it again
+    run = attempt(guard=lambda call: False)
+    assert run.status == "completed" and run.steps["a"].result == "1.5"
+    assert lines(paid) == ["a", "a"]
 
 
 if __name__ == "__main__":

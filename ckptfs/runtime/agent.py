@@ -445,7 +445,8 @@ class CheckpointedAgent:
         n = ex.attempts.get(step.id, 1)
         if isinstance(exc, UnconfirmedActionError):  # retrying cannot help; failing would guess
             return self._stop(ex, step, RunStoppedError(
-                ex.run.run_id, step.id, n, exc, f"cannot tell whether an irreversible call happened: {exc}"))
+                ex.run.run_id, step.id, n, exc,
+                f"will not repeat a call whose outcome the log cannot give back: {exc}"))
         if isinstance(exc, UnstorableValueError):  # e.g. a paid tool result the log refused:
             # a retry would pay for the call again and meet the same refusal; stop and say why
             return self._stop(ex, step, RunStoppedError(

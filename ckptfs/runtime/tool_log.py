@@ -17,6 +17,12 @@ from typing import Any
 from ckptfs.format.models import Step, ToolCall
 from ckptfs.store.checkpoint_store import CheckpointStore
 
+# The phase of a call that returned but whose result the store refused (NaN, a set, an int of
+# 5,000 digits): it was paid for, and there is nothing to serve. Indexed as an open intent, so a
+# replay asks the runner's guard; without this record a resume would pay for the call again,
+# and meet the same refusal, on every attempt.
+UNKEPT = "unkept"
+
 
 def canonical_json(arguments: Mapping[str, Any]) -> str:
     """Arguments as JSON with sorted keys and no spaces: equal arguments give equal text."""
@@ -58,7 +64,7 @@ class ToolLogState:
                 key = cache_key(call.tool_name, call.arguments)
             except TypeError:
                 return  # a hand-logged call with odd arguments: audit only
-        if call.phase == "intent":
+        if call.phase in ("intent", UNKEPT):
             if self.open_intents.get(key) != call:
                 self.revision += 1
             self.open_intents[key] = call

@@ -23,27 +23,30 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ckptfs.errors import CkptfsError
+from ckptfs.errors import CkptfsError, UnstorableValueError
 from ckptfs.format.models import ToolCall
 from ckptfs.runtime.host import ToolHost
-from ckptfs.runtime.tool_log import ToolLogState, cache_key, canonical_json, idempotency_key
+from ckptfs.runtime.tool_log import UNKEPT, ToolLogState, cache_key, canonical_json, idempotency_key
 
-__all__ = ["Done", "IdempotentToolRunner", "ToolLogState", "UnconfirmedActionError", "cache_key",
+__all__ = ["UNKEPT", "Done", "IdempotentToolRunner", "ToolLogState", "UnconfirmedActionError", "cache_key",
            "canonical_json", "idempotency_key"]
 
 logger = logging.getLogger(__name__)
 
 
 class UnconfirmedActionError(CkptfsError):
-    """An irreversible call may have happened before a crash, and no guard can tell."""
+    """A call may have taken effect, or did, and the log cannot give back its outcome: an
+    irreversible call's intent with no completion (a crash mid-call), or any call whose result
+    the store refused to keep (`UNKEPT`). No guard was given to decide, so it is not repeated."""
 
-    def __init__(self, tool_name: str, idempotency_key: str) -> None:
+    def __init__(self, tool_name: str, idempotency_key: str, detail: str | None = None) -> None:
         self.tool_name = tool_name
         self.idempotency_key = idempotency_key
-        super().__init__(
+        super().__init__(detail or (
             f"tool {tool_name!r} (idempotency key {idempotency_key}) recorded an intent but no "
             "completion: the process stopped mid-call. Pass guard= to check whether the action "
-            "took effect; refusing to call it again blindly")
+            "took effect; refusing to call it again blindly"))
+
 
 
 @dataclass(frozen=True)
@@ -115,11 +118,18 @@ class IdempotentToolRunner:
             self.cache_hits += 1
             logger.debug("run %s step %s: %s served from the tool log", self.run_id, self.step_id, tool_name)
             return True, hit.result, None
-        intent = state.open_intents.get(key) if irreversible else None
-        if intent is None:
+        intent = state.open_intents.get(key)
+        if intent is None or (intent.phase != UNKEPT and not irreversible):
             return False, None, None
         reuse = intent.idempotency_key
         if guard is None:
+            if intent.phase == UNKEPT:
+                raise UnconfirmedActionError(tool_name, reuse or "?", (
+                    f"tool {tool_name!r} (idempotency key {reuse}) was called in an earlier "
+                    f"attempt, but the store could not keep its result ({intent.error}); it is "
+                    "not called again blindly. Make the tool return values the store can keep, "
+                    "and pass guard= to decide: Done(result) with a result you have or can fetch "
+                    "by the idempotency key, False to pay for the call again"))
             raise UnconfirmedActionError(tool_name, reuse or "?")
         done = _guard_says_done(guard(intent))
         if done is None:
@@ -171,7 +181,11 @@ class IdempotentToolRunner:
                                    error=f"{type(exc).__name__}: {exc}", started=started))
             raise
         self.real_calls += 1
-        self._log(self._record(tool_name, arguments, key, idem, "completed", result, started=started))
+        try:
+            self._log(self._record(tool_name, arguments, key, idem, "completed", result, started=started))
+        except (TypeError, UnstorableValueError) as exc:
+            self._log(self._unkept(tool_name, arguments, key, idem, exc, started))
+            raise
         self.agent.after_tool_call(self.run_id, self.step_id, checkpoint)
         return result
 
@@ -203,9 +217,23 @@ class IdempotentToolRunner:
                                           error=f"{type(exc).__name__}: {exc}", started=started))
             raise
         self.real_calls += 1
-        await self._alog(self._record(tool_name, arguments, key, idem, "completed", result, started=started))
+        try:
+            await self._alog(self._record(tool_name, arguments, key, idem, "completed", result,
+                                          started=started))
+        except (TypeError, UnstorableValueError) as exc:
+            await self._alog(self._unkept(tool_name, arguments, key, idem, exc, started))
+            raise
         await self.agent.aafter_tool_call(self.run_id, self.step_id, checkpoint)
         return result
+
+    def _unkept(self, tool_name: str, arguments: Mapping[str, Any], key: str, idem: str,
+                exc: Exception, started: float) -> ToolCall:
+        """The durable word that a call was paid for though its result was refused (`UNKEPT`)."""
+        logger.warning("run %s step %s: %s returned a result the store cannot keep (%s); logged as "
+                       "paid, so a replay asks a guard instead of calling it again", self.run_id,
+                       self.step_id, tool_name, exc)
+        return self._record(tool_name, arguments, key, idem, UNKEPT,
+                            error=f"result not kept: {type(exc).__name__}: {exc}", started=started)
 
     def _log(self, call: ToolCall) -> None:
         self.agent.record_tool_call(self.run_id, self.step_id, call)
