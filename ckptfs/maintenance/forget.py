@@ -6,8 +6,13 @@ has; expiry proper is observed, not computed, see store/leases.py) is live, and 
 needed to go on. A lease that has gone silent for longer is reported as stale and does not stop
 the forget: its holder would be fenced off anyway.
 
+Only what is ckptfs's goes (as `format/keys.py` `classify` reads the listing): the run's
+journal records, deltas and snapshots, its leases, and ckptfs's own temp files. A file under
+the run's prefix whose name does not parse (a user's notes, a filer's `.snapshot`) is not ours
+and is never deleted (DESIGN.md): it is kept and named in the report.
+
 Order: versions newest first, each version's journal record, deltas and snapshot together, then
-the leases and anything else under the run's prefix. A forget interrupted midway therefore
+the leases and temp files. A forget interrupted midway therefore
 leaves the files of versions 1..k, which load as version k (a state the run really had) or, once
 too little is left, as nothing; run it again to finish. Artifacts the run referenced are not
 deleted here: other runs may share them (they are stored by content), and `prune` collects the
@@ -23,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ckptfs.format.keys import parse_run_key, run_prefix
+from ckptfs.format.keys import StoreListing, classify, run_prefix
 from ckptfs.format.models import validate_id
 from ckptfs.storage.base import Storage
 from ckptfs.storage.local import LocalStorage
@@ -58,6 +63,7 @@ class ForgetReport:
     refused: bool = False
     versions: int = 0
     deleted: list[str] = field(default_factory=list)
+    kept: list[tuple[str, str]] = field(default_factory=list)  # (key, why): not ckptfs's
     leases: list[LeaseState] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -73,6 +79,7 @@ class ForgetReport:
         return {"url": self.url, "run_id": self.run_id, "dry_run": self.dry_run, "found": self.found,
                 "refused": self.refused, "ok": self.ok, "versions": self.versions,
                 "files": len(self.deleted), "deleted": self.deleted,
+                "kept": [{"key": k, "why": why} for k, why in self.kept],
                 "leases": [asdict(lease) for lease in self.leases], "errors": self.errors}
 
 
@@ -87,19 +94,13 @@ def _leases(storage: Storage, run_id: str, now: float) -> list[LeaseState]:
     return out
 
 
-def _order(keys: list[str]) -> list[str]:
-    """Newest version first (journal, delta, snapshot of one version together), then the rest."""
-    files = []
-    rest = []
-    for key in keys:
-        rf = parse_run_key(key)
-        if rf is None:
-            rest.append(key)
-        else:
-            files.append(rf)
+def _order(listing: StoreListing) -> list[str]:
+    """Newest version first (journal, delta, snapshot of one version together), then the
+    leases and temp files: what of the listing is ckptfs's."""
+    files = [rf for found in listing.runs.values() for rf in found]
     rank = {"log": 0, "delta": 1, "snap": 2}
     files.sort(key=lambda f: (-f.version, rank[f.kind]))
-    return [f.key for f in files] + sorted(rest)
+    return [f.key for f in files] + sorted(listing.leases) + sorted(listing.temp)
 
 
 def forget(storage: Storage, run_id: str, *, dry_run: bool = False, force: bool = False) -> ForgetReport:
@@ -110,13 +111,15 @@ def forget(storage: Storage, run_id: str, *, dry_run: bool = False, force: bool 
     keys = storage.list(prefix)
     if not keys:
         return report
+    listing = classify(keys)
     report.found = True
-    report.versions = len({rf.version for rf in (parse_run_key(k) for k in keys) if rf is not None})
+    report.versions = len({rf.version for found in listing.runs.values() for rf in found})
+    report.kept = [(key, why) for key, why, _rid in listing.strays]
     report.leases = _leases(storage, run_id, time.time())
     if report.live_leases and not force:
         report.refused = True
         return report
-    ordered = _order(keys)
+    ordered = _order(listing)
     if dry_run:
         report.deleted = ordered
         return report

@@ -226,9 +226,10 @@ class ThreadLeases:
                         held.last_use = self.clock()
                         return
             if held is not None and held.lost and not fresh:
-                raise ThreadBusyError(thread_id, held.lost_to, "this process lost its lease (it stalled "
-                                      "longer than the lease ttl) and another took the thread over; "
-                                      "read the thread again (a new invoke) before writing")
+                raise ThreadBusyError(thread_id, held.lost_to, "this process lost its lease (it, or "
+                                      "its storage, stalled longer than the lease ttl) and another "
+                                      "took the thread over; read the thread again (a new invoke) "
+                                      "before writing")
             self._acquire(thread_id, wait, fresh)
 
     def confirm(self, thread_id: str) -> None:
