@@ -448,7 +448,8 @@ def test_agent_tool_result_the_log_refuses_stops_instead_of_paying_retries(
     """A paid tool returns a 5,000-digit int: before, it was logged and the record poisoned
     the run (a fresh load fell back past it and every later commit). Now the log refuses it
     and the run stops at that step at once: a retry would pay for the call again and meet the
-    same refusal. The store holds what it acknowledged; nothing of the refused call."""
+    same refusal. The store holds what it acknowledged, and of the refused call only that it
+    was paid for (phase "unkept")."""
     url, opts = shared_url
     paid: collections.Counter[str] = collections.Counter()
 
@@ -476,7 +477,11 @@ def test_agent_tool_result_the_log_refuses_stops_instead_of_paying_retries(
     assert version == store.acked, f"acknowledged v{store.acked}, fresh load v{version}"
     assert (fresh.status, fresh.completed_count, fresh.steps["p02"].status) == (
         "failed", 1, StepStatus.PENDING)
-    assert CheckpointStore(url, opts).get_tool_call_history(RUN, "p02") == []
+    # what the log holds of it: that it was paid for, not its result (a resume asks a guard
+    # instead of paying again: tests/test_tools.py)
+    history = CheckpointStore(url, opts).get_tool_call_history(RUN, "p02")
+    assert [(c.phase, c.result) for c in history] == [("unkept", None)]
+    assert "result not kept" in (history[0].error or "") and "4300 digits" in (history[0].error or "")
 
 
 # ---------------------------------------------------------------------- planted files

@@ -297,3 +297,36 @@ def test_idle_compactor_threads_exit_and_restart(monkeypatch: pytest.MonkeyPatch
     stores[0].save_run(run)
     assert stores[0]._compactor._thread is not None  # restarted on demand
     assert stores[0].flush(timeout=5) and stores[0].load_run("again") == run
+
+
+def test_retention_runs_for_writers_too_short_lived_to_write_keep_last_snapshots(tmp_path: Any) -> None:
+    """An agent restarted every few minutes writes a snapshot or two per process: the ones
+    earlier processes left count towards keep_last (once they check), so retention still runs.
+    Before, a run's files grew without bound (16,157 journal records after 40 restarts)."""
+    policy = CompactionPolicy(fanout=4, max_plan=4, min_snapshot_bytes=10**9, keep_last=3,
+                              background=False)
+
+    def snaps() -> list[int]:
+        files = [parse_run_key(k) for k in CheckpointStore(str(tmp_path)).storage.list("runs/run-1")]
+        return sorted(f.version for f in files if f and f.kind == "snap")
+
+    run = make_run(400)
+    with CheckpointStore(str(tmp_path), policy=policy) as first:
+        first.save_run(run)
+    i = 0
+    for _process in range(8):  # each a new store: one snapshot of its own, then it is gone
+        store = CheckpointStore(str(tmp_path), policy=policy)
+        run = store.load_run("run-1")
+        assert run is not None
+        before = len(snaps())
+        while len(snaps()) <= before and i < 400:
+            complete(store, run, i)
+            i += 1
+        store.close()
+    kept = snaps()
+    assert 0 < len(kept) <= 3 + 1, kept  # keep_last, and at most the one the next pass retires
+    files = [parse_run_key(k) for k in CheckpointStore(str(tmp_path)).storage.list("runs/run-1")]
+    assert min(f.version for f in files if f and f.kind == "log") > kept[0]
+    loaded = CheckpointStore(str(tmp_path)).load_run("run-1")
+    assert loaded is not None and loaded.completed_count == i
+    assert CheckpointStore(str(tmp_path)).load_run("run-1", version=kept[0]) is not None

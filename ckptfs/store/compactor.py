@@ -10,9 +10,11 @@ size, not after a fixed number of commits (snapshots then come at roughly doubli
 Retention runs here too, from what the compactor knows instead of a listing: the snapshots it
 wrote (and the one the run was loaded from) are the valid ones, the deltas it wrote and the
 journal range are the files; only the first pass of a process lists the run once for what
-earlier processes left. Deletes go in batches (store/retention.py decides what, and how long a
-remote store keeps journal records as fences). Compaction is an optimisation: a failure is
-logged, commits go on, and loads fall back to the finer records.
+earlier processes left, and counts their snapshots (each checked) towards `keep_last`, so a
+process too short-lived to write that many of its own still retires what is below them.
+Deletes go in batches (store/retention.py decides what, and how long a remote store keeps
+journal records as fences). Compaction is an optimisation: a failure is logged, commits go
+on, and loads fall back to the finer records.
 """
 
 from __future__ import annotations
@@ -322,6 +324,28 @@ class Compactor:
         if self._policy.keep_last:
             self._retire(run_id, rc)
 
+    def _adopt(self, run_id: str, rc: RunCompaction, listed: list[RunFile], keep: int) -> None:
+        """Count snapshots earlier processes left as kept ones, newest first, each once it
+        checks (`_sound`), until `keep` are known.
+
+        A process that lives for one snapshot or two (an agent that crashes, or is restarted,
+        every few minutes) never knows `keep` snapshots of its own: without this, retention
+        never ran and a run's files grew without bound (a hostile review: 16,157 journal
+        records, 1,013 deltas and 13 snapshots after 40 restarts). Their fences, on a remote
+        store, count from now: later than they were written, so they only last longer.
+        """
+        have = {v for v, _t in rc.snapshots}
+        for rf in sorted((f for f in listed if f.kind == "snap" and f.version not in have),
+                         key=lambda f: f.version, reverse=True):
+            if len(rc.snapshots) >= keep:
+                break
+            if self._sound(rf.key):
+                now = time.monotonic()
+                rc.snapshots.append((rf.version, now))
+                rc.covers.append((rf.version, now))
+        rc.snapshots.sort()
+        rc.covers.sort()
+
     def _sound(self, key: str) -> bool:
         """Whether a snapshot another writer wrote matches its own trailer (one GET, on the
         shared-run path only): retention may then count it as a kept snapshot."""
@@ -334,17 +358,22 @@ class Compactor:
     def _retire(self, run_id: str, rc: RunCompaction) -> None:
         """Retention from what this compactor knows (module docstring), in one batch of deletes."""
         keep = self._policy.keep_last
+        if len(rc.snapshots) < keep and rc.listed:
+            return
+        lowest: int | None = None
+        if not rc.listed:  # once per process: what earlier processes left below
+            rc.listed = True
+            listed = [rf for key in self._storage.list(run_prefix(run_id))
+                      if (rf := parse_run_key(key)) is not None]
+            self._adopt(run_id, rc, listed, keep)
+            known = {f.key for f in rc.files} | {snap_key(run_id, v) for v, _t in rc.snapshots}
+            rc.files += [rf for rf in listed if rf.kind != "log" and rf.key not in known]
+            lowest = min((rf.version for rf in listed if rf.kind == "log"), default=-1)
         if len(rc.snapshots) < keep:
             return
         oldest = rc.snapshots[-keep][0]
-        if not rc.listed:  # once per process: what earlier processes left below
-            rc.listed = True
-            known = {f.key for f in rc.files} | {snap_key(run_id, v) for v, _t in rc.snapshots}
-            listed = [rf for key in self._storage.list(run_prefix(run_id))
-                      if (rf := parse_run_key(key)) is not None]
-            rc.files += [rf for rf in listed if rf.kind != "log" and rf.key not in known]
-            lowest = min((rf.version for rf in listed if rf.kind == "log"), default=None)
-            rc.logs_gone = max(rc.logs_gone, oldest) if lowest is None else lowest - 1
+        if lowest is not None:
+            rc.logs_gone = max(rc.logs_gone, oldest) if lowest < 0 else lowest - 1
         logs_upto = oldest
         if keeps_fences(self._storage):
             now, wait = time.monotonic(), self._policy.fence_seconds
