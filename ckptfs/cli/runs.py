@@ -17,6 +17,8 @@ from ckptfs.cli._options import add_json_arg, add_store_args, open_existing, sto
 from ckptfs.cli._render import Col, age, count, fit_line, money, print_table, timestamp
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ckptfs.format.models import Step, ToolCall
     from ckptfs.maintenance.history import RunState
     from ckptfs.storage.base import Storage
@@ -407,17 +409,55 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    target = _output_path(args.output) if args.output else None  # refused before the run is read
     storage = _storage(args)
     state = _load(storage, args.run_id, args.version, artifacts=not args.no_artifacts)
     doc = {"url": storage.display_url, **state.to_dict()}
-    if args.output:
-        from pathlib import Path
-
-        Path(args.output).write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
-        err().print(f"exported {args.run_id} v{state.version} to {args.output}")
+    if target is not None:
+        _write_output(args.output, target, json.dumps(doc, indent=2, default=str) + "\n")
+        err().print(f"exported {args.run_id} v{state.version} to {args.output}", markup=False,
+                    soft_wrap=True)
         return EXIT_OK
     emit_json(doc)
     return EXIT_OK
+
+
+def _output_path(given: str) -> Path:
+    """The file `--output` names, checked before anything is read: a directory, or a file in a
+    directory that does not exist, is bad input (exit 2 naming the path), not a traceback after
+    the whole run was loaded. A symlink is followed, as a plain write would follow it."""
+    import os
+    from pathlib import Path
+
+    target = Path(os.path.realpath(given))
+    if target.is_dir():
+        raise CliError(f"--output {given}: is a directory; give a file name (e.g. "
+                       f"{Path(given) / 'export.json'})")
+    if not target.parent.is_dir():
+        what = "is not a directory" if target.parent.exists() else "does not exist"
+        raise CliError(f"--output {given}: its directory {Path(given).parent} {what}")
+    return target
+
+
+def _write_output(given: str, target: Path, text: str) -> None:
+    """Write beside the target, then rename over it: a write that fails (no space, no
+    permission) leaves no half-written file and the old one, if any, as it was."""
+    import contextlib
+    import os
+
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    created = False
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        created = True
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, target)
+    except OSError as exc:
+        if created:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        raise CliError(f"--output {given}: cannot write it: {exc.strerror or exc}") from None
 
 
 # -------------------------------------------------------------------------------- threads

@@ -1,0 +1,66 @@
+"""Bad input to the `ckptfs` executable is exit 2 with one line naming what is wrong, and
+nothing is written: an --output that cannot be a file, a --run or --version the source does
+not hold (mirror, restore). And `versions` lists every restore point it does not elide.
+
+Each case here was found by a hostile review, where the command exited 3 ("unexpected ..."),
+1 ("incomplete") or 0 (a mirror of a run that does not exist, every pass, forever).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_cli_commands import cli, cli_json
+
+from ckptfs import AgentRun, CheckpointStore, CompactionPolicy, Step, StepStatus
+
+RUN = "main"
+
+
+def make_store(root: Path, versions: int, run_id: str = RUN) -> Path:
+    """A run with exactly `versions` versions (journal records only, no snapshot): each is a
+    restore point of the store itself."""
+    store = CheckpointStore(str(root), policy=CompactionPolicy(background=False, keep_last=0))
+    run = AgentRun(run_id=run_id, goal="bad input")
+    for i in range(versions):
+        run.add_step(Step(id=f"s{i}", title=f"step {i}"))
+    store.save_run(run)
+    for i in range(versions - 1):
+        run.steps[f"s{i}"].status = StepStatus.COMPLETED
+        run.steps[f"s{i}"].result = "ok"
+        store.save_run(run)
+    store.close()
+    return root
+
+
+def files_under(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*")) if root.exists() else []
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_store(tmp_path_factory.mktemp("bad-input") / "store", 3)
+
+
+# ------------------------------------------------------------------------------------ export
+
+
+def test_export_to_an_output_that_cannot_be_a_file_is_exit_2(store: Path, tmp_path: Path) -> None:
+    before = files_under(tmp_path)
+    missing = tmp_path / "no" / "such" / "dir" / "x.json"
+    code, out, err = cli("export", str(store), RUN, "--output", str(missing))
+    assert code == 2, err
+    assert f"--output {missing}: its directory {missing.parent} does not exist" in err
+    assert "unexpected" not in err and out == ""
+    code, out, err = cli("export", str(store), RUN, "--output", str(tmp_path))
+    assert code == 2, err
+    assert f"--output {tmp_path}: is a directory" in err and out == ""
+    code, doc, _ = cli_json("export", str(store), RUN, "--output", str(missing))
+    assert code == 2 and doc["error"]["code"] == "usage" and str(missing) in doc["error"]["message"]
+    assert files_under(tmp_path) == before  # nothing written, not even a temporary file
+    # and a writable path still gets the whole document, with no temporary file left beside it
+    good = tmp_path / "v2.json"
+    code, _, err = cli("export", str(store), RUN, "--version", "2", "--output", str(good))
+    assert code == 0, err
+    assert '"version": 2' in good.read_text() and files_under(tmp_path) == [good]
