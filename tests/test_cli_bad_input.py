@@ -64,3 +64,38 @@ def test_export_to_an_output_that_cannot_be_a_file_is_exit_2(store: Path, tmp_pa
     code, _, err = cli("export", str(store), RUN, "--version", "2", "--output", str(good))
     assert code == 0, err
     assert '"version": 2' in good.read_text() and files_under(tmp_path) == [good]
+
+
+# ------------------------------------------------------------------------------------ mirror
+
+
+def test_mirror_of_a_run_the_source_does_not_hold_is_exit_2(tmp_path: Path) -> None:
+    src = make_store(tmp_path / "src", 3)
+    make_store(src, 2, run_id="other")
+    dst = tmp_path / "mirror"
+    code, out, err = cli("mirror", str(src), str(dst), "--run", "nosuch", "--once", "--no-progress")
+    assert code == 2, (out, err)
+    assert f"run 'nosuch' not found in {src}" in err and "empty" not in out
+    code, doc, _ = cli_json("mirror", str(src), str(dst), "--run", "nosuch", "--once")
+    assert code == 2 and doc["error"]["code"] == "not-found"
+    # one unknown among several: refused before anything is copied, every unknown one named
+    code, _, err = cli("mirror", str(src), str(dst), "--run", RUN, "--run", "nosuch", "--run", "typo",
+                       "--once", "--no-progress")
+    assert code == 2 and f"runs 'nosuch', 'typo' not found in {src}" in err
+    # a scheduled mirror is refused at once too, not left to mirror nothing every 5 minutes
+    code, _, err = cli("mirror", str(src), str(dst), "--run", "nosuch", "--interval", "5m",
+                       "--no-progress", timeout=30)
+    assert code == 2 and "run 'nosuch' not found" in err
+    assert not dst.exists()
+    # runs it holds, repeated: each mirrored once
+    code, doc, err = cli_json("mirror", str(src), str(dst), "--run", RUN, "--run", "other", "--run", RUN,
+                              "--latest", "--once", "--no-progress")
+    assert code == 0, err
+    assert [(r["run_id"], r["status"]) for r in doc["runs"]] == [(RUN, "mirrored"), ("other", "mirrored")]
+
+
+def test_mirror_of_a_whole_store_without_runs_is_fine(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "runs").mkdir(parents=True)  # a store that holds no run yet: nothing to mirror, no error
+    code, doc, err = cli_json("mirror", str(src), str(tmp_path / "mirror"), "--once", "--no-progress")
+    assert code == 0 and doc["ok"] and doc["runs"] == [], err

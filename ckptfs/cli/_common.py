@@ -89,6 +89,15 @@ class CliError(Exception):
         self.extra = extra or {}
 
 
+def run_not_found(run_ids: str | list[str], where: str) -> CliError:
+    """The one wording of "no such run" (show, versions, export, diff, forget, mirror, restore):
+    a run id the store does not hold is bad input, exit 2, code not-found."""
+    ids = [run_ids] if isinstance(run_ids, str) else run_ids
+    if len(ids) == 1:
+        return CliError(f"run {ids[0]!r} not found in {where}", kind="not-found")
+    return CliError(f"runs {', '.join(repr(r) for r in ids)} not found in {where}", kind="not-found")
+
+
 def emit_json(doc: Any) -> None:
     """Machine output: one JSON document on stdout, nothing else there."""
     sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")

@@ -12,7 +12,16 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from ckptfs.cli._common import EXIT_OK, EXIT_PROBLEMS, CliError, emit_json, err, out, warn
+from ckptfs.cli._common import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    CliError,
+    emit_json,
+    err,
+    out,
+    run_not_found,
+    warn,
+)
 from ckptfs.cli._options import add_json_arg, add_store_args, open_existing, store_target
 
 if TYPE_CHECKING:
@@ -192,7 +201,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
     storage = open_existing(store_target(args))
     report = forget(storage, args.run_id, dry_run=args.dry_run, force=args.force)
     if not report.found:
-        raise CliError(f"run {args.run_id!r} not found in {storage.display_url}", kind="not-found")
+        raise run_not_found(args.run_id, storage.display_url)
     if report.refused:
         held = ", ".join(f"{lease.step_id} by {lease.holder} ({lease.written_s_ago:.0f}s ago)"
                          for lease in report.live_leases[:3])

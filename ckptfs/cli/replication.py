@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ckptfs.cli._common import EXIT_OK, EXIT_PROBLEMS, CliError, emit_json, err, out
+from ckptfs.cli._common import EXIT_OK, EXIT_PROBLEMS, CliError, emit_json, err, out, run_not_found
 from ckptfs.cli._logging import SCRUBBER
 from ckptfs.cli._options import (
     Target,
@@ -171,6 +171,27 @@ def _source(url: str | None, fallback: str | None, origin: str, opts: dict[str, 
     return Target(fallback, opts, origin, settings)
 
 
+def _named_runs(source: Target, runs: list[str] | None) -> list[str] | None:
+    """Check SRC holds something, and every run `--run` names: a run it does not hold is bad
+    input (exit 2), refused before anything is copied. A mirror pass reports such a run as
+    `empty` and succeeds, so a typo in a scheduled mirror would mirror nothing, forever. A
+    whole store (no --run) that holds no run is fine: there is nothing to mirror yet."""
+    from ckptfs.format.models import validate_id
+    from ckptfs.replication.plan import run_files
+
+    storage = open_existing(source)
+    try:
+        if runs is None:
+            return None
+        ids = list(dict.fromkeys(validate_id(r, "run id") for r in runs))
+        unknown = [r for r in ids if not run_files(storage, r)[0]]
+    finally:
+        storage.close()
+    if unknown:
+        raise run_not_found(unknown, source.describe())
+    return ids
+
+
 def _cmd_mirror(args: argparse.Namespace) -> int:
     from ckptfs.format.units import parse_duration
 
@@ -201,13 +222,13 @@ def _cmd_mirror(args: argparse.Namespace) -> int:
             interval = m.interval_seconds
         elif m.cron:
             cron = m.cron
-    open_existing(source).close()
+    runs = _named_runs(source, args.run)
     src = source.url
     if interval is None and cron is None:
         from ckptfs.replication.mirror import mirror
 
         with _bars(not args.no_progress) as bars:
-            report = mirror(src, dst, every_n=every_n, run_id=args.run, src_options=src_opts,
+            report = mirror(src, dst, every_n=every_n, run_id=runs, src_options=src_opts,
                             dst_options=dst_opts, latest=latest, keep_last=keep_last,
                             workers=workers, attempts=attempts, progress=bars)
         return _finish(report, args.json)
@@ -365,7 +386,8 @@ def register(sub: Any) -> None:
     p.add_argument("--latest", action="store_true", help="always mirror the newest version")
     p.add_argument("--keep-last", type=_positive, default=None,
                    help="retention on the mirror: keep the newest N snapshots per run")
-    p.add_argument("--run", default=None, metavar="ID", help="only this run")
+    p.add_argument("--run", action="append", default=None, metavar="ID",
+                   help="only this run (repeatable); one SRC does not hold is refused (exit 2)")
     when = p.add_mutually_exclusive_group()
     when.add_argument("--once", action="store_true",
                       help="one pass, then exit (the default unless the settings give mirror.interval "

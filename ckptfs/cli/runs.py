@@ -12,7 +12,16 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from ckptfs.cli._common import EXIT_OK, EXIT_PROBLEMS, CliError, emit_json, err, out, warn
+from ckptfs.cli._common import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    CliError,
+    emit_json,
+    err,
+    out,
+    run_not_found,
+    warn,
+)
 from ckptfs.cli._options import add_json_arg, add_store_args, open_existing, store_target
 from ckptfs.cli._render import Col, age, count, fit_line, money, print_table, timestamp
 
@@ -215,7 +224,7 @@ def _load(storage: Storage, run_id: str, version: int | None, artifacts: bool = 
                        f"({len(exc.problems)} problem(s); first: {first}); see `ckptfs verify`",
                        kind="corrupt") from None
     if state is None:
-        raise CliError(f"run {run_id!r} not found in {storage.display_url}", kind="not-found")
+        raise run_not_found(run_id, storage.display_url)
     return state
 
 
@@ -333,7 +342,7 @@ def cmd_versions(args: argparse.Namespace) -> int:
     storage = _storage(args)
     infos = list_versions(storage, args.run_id)
     if not infos:
-        raise CliError(f"run {args.run_id!r} not found in {storage.display_url}", kind="not-found")
+        raise run_not_found(args.run_id, storage.display_url)
     points = set(restore_points(storage, args.run_id))
     for i in infos:
         i.restore_point = i.version in points
