@@ -99,3 +99,20 @@ def test_mirror_of_a_whole_store_without_runs_is_fine(tmp_path: Path) -> None:
     (src / "runs").mkdir(parents=True)  # a store that holds no run yet: nothing to mirror, no error
     code, doc, err = cli_json("mirror", str(src), str(tmp_path / "mirror"), "--once", "--no-progress")
     assert code == 0 and doc["ok"] and doc["runs"] == [], err
+
+
+# ---------------------------------------------------------------------------------- versions
+
+
+@pytest.mark.parametrize(("n", "listed"), [
+    (5, "v1, v2, v3, v4, v5"),
+    (6, "v1, v2, v3, v4, v5, v6"),  # was 'v1, v2, v3, v4, v5': the newest point lost, no '...'
+    (7, "v1, v2, v3, v4, v5 ... v7"),
+])
+def test_versions_never_drops_the_newest_restore_point(tmp_path: Path, n: int, listed: str) -> None:
+    root = make_store(tmp_path / "store", n)
+    code, doc, _ = cli_json("versions", str(root), RUN)
+    assert code == 0 and doc["restore_points"] == list(range(1, n + 1))
+    code, out, err = cli("versions", str(root), RUN)
+    assert code == 0, err
+    assert f"{n} version(s); a restore can target {n}: {listed}\n" in out

@@ -136,3 +136,15 @@ def money(v: float | None) -> str:
 
 def count(v: int | None) -> str:
     return "-" if v is None else f"{v:,}"
+
+
+def version_list(versions: Sequence[int], head: int = 5) -> str:
+    """'v1, v2, v3' in full up to head + 1 of them; beyond that the first `head`, '...' and the
+    newest. Eliding one would save nothing, and the newest is the one a restore usually
+    wants: a list must never lose it (with exactly head + 1 it once did, without a '...')."""
+    shown = sorted(versions)
+    if not shown:
+        return "none"
+    if len(shown) <= head + 1:
+        return ", ".join(f"v{v}" for v in shown)
+    return ", ".join(f"v{v}" for v in shown[:head]) + f" ... v{shown[-1]}"

@@ -23,7 +23,7 @@ from ckptfs.cli._common import (
     warn,
 )
 from ckptfs.cli._options import add_json_arg, add_store_args, open_existing, store_target
-from ckptfs.cli._render import Col, age, count, fit_line, money, print_table, timestamp
+from ckptfs.cli._render import Col, age, count, fit_line, money, print_table, timestamp, version_list
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -368,10 +368,8 @@ def cmd_versions(args: argparse.Namespace) -> int:
             Col("writer", 0)]
     console = out()
     print_table(console, cols, rows, title=f"versions of {args.run_id} in {storage.display_url}")
-    shown = sorted(points)
-    more = f" ... v{shown[-1]}" if len(shown) > 6 else ""
-    console.print(f"{len(infos)} version(s); a restore can target {len(shown)}: "
-                  + (", ".join(f"v{v}" for v in shown[:5]) + more if shown else "none"), soft_wrap=True)
+    console.print(f"{len(infos)} version(s); a restore can target {len(points)}: "
+                  f"{version_list(sorted(points))}", soft_wrap=True)
     return EXIT_OK
 
 
