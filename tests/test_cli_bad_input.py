@@ -116,3 +116,28 @@ def test_versions_never_drops_the_newest_restore_point(tmp_path: Path, n: int, l
     code, out, err = cli("versions", str(root), RUN)
     assert code == 0, err
     assert f"{n} version(s); a restore can target {n}: {listed}\n" in out
+
+
+# ----------------------------------------------------------------------------------- restore
+
+
+def test_restore_of_a_run_or_version_the_mirror_does_not_hold_is_exit_2(tmp_path: Path) -> None:
+    src = make_store(tmp_path / "src", 6)
+    mirror = tmp_path / "mirror"
+    code, _, err = cli("mirror", str(src), str(mirror), "--latest", "--once", "--no-progress")
+    assert code == 0, err
+    dst = tmp_path / "restored"
+    code, out, err = cli("restore", str(mirror), str(dst), "--run", "nosuch", "--no-progress")
+    assert code == 2, (out, err)
+    assert f"run 'nosuch' not found in {mirror}" in err and "failed" not in out
+    code, out, err = cli("restore", str(mirror), str(dst), "--run", RUN, "--version", "99", "--no-progress")
+    assert code == 2, (out, err)
+    assert (f"run {RUN!r} has no version 99 in {mirror}; a restore can target 6: "
+            "v1, v2, v3, v4, v5, v6") in err
+    code, doc, _ = cli_json("restore", str(mirror), str(dst), "--run", RUN, "--version", "99")
+    assert code == 2 and doc["error"]["code"] == "not-found" and "version 99" in doc["error"]["message"]
+    assert not dst.exists()  # nothing written
+    # a version it does hold restores
+    code, doc, err = cli_json("restore", str(mirror), str(dst), "--run", RUN, "--version", "4",
+                              "--no-progress")
+    assert code == 0 and doc["runs"][0]["version"] == 4, err

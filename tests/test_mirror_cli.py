@@ -38,11 +38,13 @@ def test_mirror_and_restore_commands(tmp_path: Path, s3: EmbeddedS3, s3_url: str
     rdoc = json.loads(capsys.readouterr().out)
     assert rdoc["ok"] and rdoc["runs"][0]["status"] == "restored"
     assert CheckpointStore(dst).load_run(RUN) == store.load_run(RUN)
-    # a version the mirror cannot give: exit 1, and the restorable versions are named
+    # a version the mirror holds no file of: bad input, exit 2, and the restore points are named
     assert main(["restore", s3_url, str(tmp_path / "x"), "--run", RUN, "--version", "2", "--json",
-                 *ep]) == 1
+                 *ep]) == 2
     bad = json.loads(capsys.readouterr().out)
-    assert not bad["ok"] and "restorable versions" in bad["runs"][0]["error"]
+    assert not bad["ok"] and bad["error"]["code"] == "not-found"
+    assert "has no version 2" in bad["error"]["message"] and "a restore can target" in bad["error"]["message"]
+    assert not (tmp_path / "x").exists()
 
 
 def test_usage_errors_and_unreachable_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,7 +11,7 @@ endpoint given to the wrong side sent the request to the public AWS endpoint).
 
 Progress bars (objects, and bytes) go to stderr, the summary table to stdout, or one JSON
 document with `--json`. Exit codes: 0 ok, 1 incomplete or inconsistent, 2 usage error, nothing
-stored at SRC, or unreachable.
+stored at SRC, a --run (or restore's --version) SRC does not hold, or unreachable.
 """
 
 from __future__ import annotations
@@ -275,6 +275,32 @@ def _scheduled(args: argparse.Namespace, src: str, dst: str, src_opts: dict[str,
         else EXIT_PROBLEMS
 
 
+def _check_restorable(source: Target, run: str | None, version: int | None) -> None:
+    """Check the mirror holds something, the run `--run` names and a file at `--version`:
+    asking for what the mirror does not have is bad input (exit 2, naming the versions a
+    restore can target, as `ckptfs versions` lists them), refused before DST is touched. A
+    version the mirror does hold but cannot load stays the restore's report: exit 1."""
+    from ckptfs.cli._render import version_list
+    from ckptfs.format.models import validate_id
+    from ckptfs.replication.plan import run_files
+    from ckptfs.replication.restore import restore_points
+
+    storage = open_existing(source)
+    try:
+        if run is None:
+            return
+        validate_id(run, "run id")
+        files, _ = run_files(storage, run)
+        if not files:
+            raise run_not_found(run, source.describe())
+        if version is not None and version not in {f.version for f in files}:
+            points = restore_points(storage, run)
+            raise CliError(f"run {run!r} has no version {version} in {source.describe()}; a restore "
+                           f"can target {len(points)}: {version_list(points)}", kind="not-found")
+    finally:
+        storage.close()
+
+
 def _cmd_restore(args: argparse.Namespace) -> int:
     if args.storage_option:
         raise CliError("restore: -o/--storage-option is ambiguous here (it meant DST, the store "
@@ -288,7 +314,7 @@ def _cmd_restore(args: argparse.Namespace) -> int:
     dst = args.dst or settings.store.url
     if args.version is not None and not args.run:
         raise CliError("--version needs --run: versions are per run")
-    open_existing(source).close()
+    _check_restorable(source, args.run, args.version)
     from ckptfs.replication.restore import restore
 
     with _bars(not args.no_progress) as bars:
