@@ -27,6 +27,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
+from test_cli_commands import cli, cli_json
 
 from ckptfs.cli import main
 from ckptfs.integrations.langgraph import CkptfsSaver
@@ -247,6 +248,20 @@ def test_bad_sources_are_usage_errors(tmp_path: Path) -> None:
     assert code == 2 and "not a source" in doc["error"]["message"]
     assert sqlite_path("sqlite:///rel/a.db") == "rel/a.db"
     assert sqlite_path("sqlite:////abs/a.db") == "/abs/a.db"
+
+
+def test_a_file_of_garbage_bytes_is_a_usage_error(tmp_path: Path) -> None:
+    """Not a SQLite file at all (an empty one and a 0-byte one already were exit 2): it was
+    exit 3, 'unexpected DatabaseError: file is not a database'."""
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"garbage\n")
+    store = tmp_path / "imp1"
+    code, out, err = cli("import-langgraph", str(junk), str(store))
+    assert code == 2, (out, err)
+    assert f"error: {junk} is not a SqliteSaver database" in err and "unexpected" not in err
+    code, doc, _ = cli_json("import-langgraph", str(junk), str(store))
+    assert code == 2 and doc["error"]["code"] == "config" and str(junk) in doc["error"]["message"]
+    assert junk.read_bytes() == b"garbage\n" and not store.exists()  # nothing written, either side
 
 
 def test_a_thread_written_in_the_store_by_another_process_is_reported(tmp_path: Path,

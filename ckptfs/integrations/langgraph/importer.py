@@ -97,7 +97,15 @@ class SqliteSource(Source):
         if not Path(path).is_file():
             raise ConfigError(f"no SQLite file at {path}")
         self.conn = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True, check_same_thread=False)
-        tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        try:
+            tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        except sqlite3.DatabaseError as exc:
+            # connect() reads nothing: a file of other bytes fails here ("file is not a database"),
+            # and is a SOURCE that is not a saver's like any other (exit 2), not a crash
+            self.conn.close()
+            if isinstance(exc, sqlite3.OperationalError):  # locked, unreadable: a database, not now
+                raise ConfigError(f"cannot read {path}: {exc}") from None
+            raise ConfigError(f"{path} is not a SqliteSaver database (SQLite: {exc})") from None
         if not {"checkpoints", "writes"} <= tables:
             self.conn.close()
             raise ConfigError(f"{path} is not a SqliteSaver database (no checkpoints/writes tables)")
