@@ -264,6 +264,33 @@ def test_a_file_of_garbage_bytes_is_a_usage_error(tmp_path: Path) -> None:
     assert junk.read_bytes() == b"garbage\n" and not store.exists()  # nothing written, either side
 
 
+def test_a_thread_id_over_the_savers_limit_fails_that_thread_only(tmp_path: Path) -> None:
+    """One thread id the saver refuses (250 characters; its limit is 200) aborted the whole
+    import with exit 2: threads sorting after it ('ünï') were never copied. Now it is that
+    thread's failure, with the reason, and the import is partial: exit 1."""
+    src = tmp_path / "src.db"
+    long_id = "x" * 250
+    threads = ["s1", "s/2", long_id, "ünï"]
+    with SqliteSaver.from_conn_string(str(src)) as saver:
+        graph = build(saver)
+        for thread in threads:
+            graph.invoke(START_STATE, _cfg(thread))  # waits on its interrupt: pending writes too
+    url = tmp_path / "dst"
+    code, doc, err = cli_json("import-langgraph", str(src), str(url))
+    assert code == 1, (doc, err)
+    assert not doc["ok"] and doc["threads"] == 4 and list(doc["failed"]) == [long_id]
+    assert "too long" in doc["failed"][long_id] and "limit is 200" in doc["failed"][long_id]
+    code, out, err = cli("import-langgraph", str(src), str(url))  # a rerun: the rest is there
+    assert code == 1 and "incomplete: 4 thread(s)" in out and "0 checkpoint(s) copied" in out
+    assert f"thread '{'x' * 60}…' not imported: " in err and "too long" in err
+    with SqliteSaver.from_conn_string(str(src)) as source:
+        dest = CkptfsSaver(str(url))
+        for thread in ("s1", "s/2", "ünï"):
+            assert history(dest, thread) == history(source, thread) != [], thread
+        dest.close()
+    assert cli("verify", str(url))[0] == 0
+
+
 def test_a_thread_written_in_the_store_by_another_process_is_reported(tmp_path: Path,
                                                                       sqlite_file: Path) -> None:
     import sys

@@ -7,7 +7,8 @@ addresses it. Rerunnable: what is already in the store is skipped. Needs the lan
 (and langgraph-checkpoint-sqlite / -postgres for the source).
 
 Exit codes: 0 every thread copied; 1 some thread could not be (another process writes it in
-the store: `ThreadBusyError`); 2 usage error, a SOURCE that is not a saver's, an unreachable store.
+the store: `ThreadBusyError`; an id over the saver's limits: `InvalidIdError`), each named with
+its reason, the others copied; 2 usage error, a SOURCE that is not a saver's, an unreachable store.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def cmd_import_langgraph(args: argparse.Namespace) -> int:
         emit_json({"command": "import-langgraph", "url": target.describe(), **report.to_dict()})
     else:
         for thread_id, why in sorted(report.failed.items()):
-            warn(f"thread {thread_id!r} not imported: {why}")
+            shown = thread_id if len(thread_id) <= 60 else thread_id[:60] + "…"  # ids run to 200+
+            warn(f"thread {shown!r} not imported: {why}")
         out().print(f"{'[green]imported[/green]' if report.ok else '[red]incomplete[/red]'}: "
                     f"{report.threads} thread(s) from {report.source}: {report.checkpoints} checkpoint(s) "
                     f"copied, {report.skipped} already there, {report.writes} pending-write object(s) "

@@ -16,6 +16,9 @@ left it (an interrupt waits on its resume, time travel finds the old checkpoints
   checkpoint already in the store is skipped (its missing write objects are added): a rerun
   after a crash or an interruption converges, and an import of a grown source adds the rest.
 * Each thread is written under its lease (one writer per thread) and given back at once.
+* A thread that cannot be copied (another process writes it in the store; an id the saver
+  refuses, e.g. over its length limit) is reported in `ImportReport.failed` with the reason,
+  and the others are copied: one bad thread does not stop an import of thousands.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 
 from langgraph.checkpoint.base import WRITES_IDX_MAP, BaseCheckpointSaver, CheckpointTuple
 
-from ckptfs.errors import ConfigError
+from ckptfs.errors import ConfigError, InvalidIdError
 from ckptfs.integrations.langgraph.keys import (
     lg_checkpoint_key,
     lg_write_key,
@@ -194,7 +197,10 @@ def import_threads(source: Source, dest: CkptfsSaver, thread_ids: Sequence[str] 
         report.threads += 1
         try:
             _import_thread(source, dest, thread_id, report)
-        except ThreadBusyError as exc:
+        except (ThreadBusyError, InvalidIdError) as exc:
+            # A thread the store cannot take now (another process writes it) or ever (an id
+            # over the saver's length limit): that thread fails, the others are still copied.
+            # The id is checked before its first write, so nothing of it is half-imported.
             report.failed[thread_id] = str(exc)
             logger.warning("%s", exc)
         finally:
