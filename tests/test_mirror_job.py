@@ -150,3 +150,35 @@ def test_job_settings_are_validated(tmp_path: Path, memory_url: str) -> None:
         MirrorJob(src, memory_url, every_n=0)
     with pytest.raises(ConfigError, match="positive"):
         MirrorJob(src, memory_url, interval=0)
+
+
+def test_a_scheduled_mirror_of_one_run_mirrors_that_run_only(tmp_path: Path) -> None:
+    """`ckptfs mirror SRC DST --run a --interval 1s` mirrored the whole store: the scheduled
+    path never handed --run to MirrorJob (found in review). Now ticks and notifies keep to it."""
+    import signal
+    import subprocess
+    import sys
+
+    src = str(tmp_path / "src")
+    store = CheckpointStore(src, policy=POLICY, artifact_threshold=1024)
+    work(store, "a", 10, stop_after=3)
+    work(store, "b", 10, stop_after=3)
+    store.close()
+    dst = str(tmp_path / "dst")
+    cli = str(Path(sys.executable).parent / "ckptfs")
+    proc = subprocess.Popen([cli, "mirror", src, dst, "--run", "a", "--interval", "1s", "--latest"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not open_storage(dst).list("runs/a/"):
+            time.sleep(0.2)
+        time.sleep(1.5)  # at least one scheduled tick after the first pass
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, errs = proc.communicate(timeout=30)
+    keys = open_storage(dst).list("runs/")
+    assert any(k.startswith("runs/a/") for k in keys), (out, errs)
+    assert not any(k.startswith("runs/b/") for k in keys), keys
+    job = MirrorJob(src, str(tmp_path / "dst2"), every_n=1, run_ids=["a"])  # notify keeps to it too
+    assert job.notify("a", 5) is True and job.notify("b", 5) is False
+    job.shutdown()

@@ -233,13 +233,13 @@ def _cmd_mirror(args: argparse.Namespace) -> int:
                             workers=workers, attempts=attempts, progress=bars)
         return _finish(report, args.json)
     return _scheduled(args, src, dst, src_opts, dst_opts, every_n, keep_last, latest, workers,
-                      attempts, interval, cron, m.misfire_grace_time)
+                      attempts, interval, cron, m.misfire_grace_time, runs)
 
 
 def _scheduled(args: argparse.Namespace, src: str, dst: str, src_opts: dict[str, Any],
                dst_opts: dict[str, Any], every_n: int, keep_last: int | None, latest: bool,
                workers: int, attempts: int, interval: float | None, cron: str | None,
-               grace: int) -> int:
+               grace: int, runs: list[str] | None) -> int:
     from ckptfs.replication.job import MirrorJob
 
     stop = threading.Event()
@@ -256,7 +256,7 @@ def _scheduled(args: argparse.Namespace, src: str, dst: str, src_opts: dict[str,
     job = MirrorJob(src, dst, every_n=every_n, interval=interval, cron=cron, keep_last=keep_last,
                     latest=latest, src_options=src_opts, dst_options=dst_opts,
                     misfire_grace_time=grace, workers=workers, attempts=attempts,
-                    on_report=on_report)
+                    on_report=on_report, run_ids=runs)
     old = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     job.start()
     when = f"every {interval:g}s" if interval is not None else f"on cron {cron!r}"

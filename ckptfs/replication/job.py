@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -51,11 +51,14 @@ class MirrorJob:
                  dst_options: Mapping[str, Any] | None = None, misfire_grace_time: int = 60,
                  workers: int = DEFAULT_WORKERS, attempts: int = DEFAULT_ATTEMPTS,
                  base_delay: float = 0.2, on_report: Callable[[MirrorReport], None] | None = None,
-                 timezone: str = "UTC") -> None:
+                 timezone: str = "UTC", run_ids: str | Iterable[str] | None = None) -> None:
         if every_n < 1:
             raise ConfigError(f"every_n must be >= 1, got {every_n}")
         if interval is not None and cron is not None:
             raise ConfigError("give a mirror interval or a cron expression, not both")
+        # only these runs, on schedule and on notify (`ckptfs mirror --run X --interval ...`)
+        self.run_ids: list[str] | None = (None if run_ids is None else [run_ids] if isinstance(run_ids, str)
+                                          else sorted(set(run_ids)))
         self.every_n = every_n
         self.interval = to_seconds(interval)
         self.cron = cron
@@ -155,6 +158,8 @@ class MirrorJob:
 
     def notify(self, run_id: str, version: int) -> bool:
         """Tell the job a run committed `version`; True if that crossed a multiple of every_n."""
+        if not self._mirrors(run_id):
+            return False
         with self._state:
             last = self._seen.get(run_id, 0)
             self._seen[run_id] = max(last, version)
@@ -174,6 +179,8 @@ class MirrorJob:
         lock = threading.Lock()
 
         def trigger(run_id: str, version: int) -> bool:
+            if not self._mirrors(run_id):
+                return False
             with lock:
                 last = seen.get(run_id, 0)
                 seen[run_id] = max(last, version)
@@ -185,6 +192,9 @@ class MirrorJob:
             return True
 
         return trigger
+
+    def _mirrors(self, run_id: str) -> bool:
+        return self.run_ids is None or run_id in self.run_ids
 
     def _schedule_now(self) -> None:
         """Wake the job's own worker; never touches the scheduler's locks (no deadlock at exit)."""
@@ -239,7 +249,8 @@ class MirrorJob:
             if runs:
                 report = self._m.pass_(runs, self.every_n, True, self.keep_last, NoProgress())
             if tick:
-                full = self._m.pass_(None, self.every_n, self.latest, self.keep_last, NoProgress())
+                full = self._m.pass_(self.run_ids, self.every_n, self.latest, self.keep_last,
+                                     NoProgress())
                 if report is not None:
                     done = {r.run_id for r in report.runs}
                     full.runs = report.runs + [r for r in full.runs if r.run_id not in done]
