@@ -35,7 +35,15 @@ from typing import Any
 
 from ckptfs.errors import ConfigError, RunNotFoundError
 from ckptfs.format import codec
-from ckptfs.format.keys import NAMESPACE_PLUGINS, RUNS, RunFile, artifact_key, classify
+from ckptfs.format.keys import (
+    NAMESPACE_PLUGINS,
+    RUNS,
+    RunFile,
+    artifact_key,
+    classify,
+    parse_run_key,
+    run_prefix,
+)
 from ckptfs.format.models import ArtifactRef, validate_id
 from ckptfs.maintenance.run_check import FileResult, RunAnalysis, check_file
 from ckptfs.storage.base import Storage
@@ -274,12 +282,29 @@ def _verify(checker: _Checker, storage: Storage, report: Report, run_id: str | N
     for rid in run_ids:
         report.runs += 1
         checker.check_run(rid, sorted(runs[rid]))
+        if not storage.capabilities.remote:
+            _directories_at_keys(storage, report, rid)
     _check_artifacts(checker, storage, report, listing.artifacts, whole_store)
     for root, ns_keys in sorted(listing.namespaces.items()):
         plugin = importlib.import_module(NAMESPACE_PLUGINS[root])
         found = plugin.check(storage, ns_keys, checker.level, checker.max_decoded)
         for severity, code, message, key in found:
             report.add(severity, code, message, key or None)
+
+
+def _directories_at_keys(storage: Storage, report: Report, run_id: str) -> None:
+    """A directory where a run file would be: no listing of keys shows it (an empty one holds
+    none), yet the commit or compaction that creates that file is refused (KeyOccupiedError)
+    until it is moved away, so a store that looked clean could take no more commits. On a
+    remote store a "directory" is only keys under a prefix, which blocks nothing."""
+    for kind in ("log", "delta", "snap"):
+        for name in storage.list_dirs(f"{run_prefix(run_id)}{kind}/"):
+            key = f"{run_prefix(run_id)}{kind}/{name}"
+            rf = parse_run_key(key)
+            if rf is not None:
+                report.add("error", "dir-at-key", f"a directory is where the {kind} file of version "
+                           f"{rf.version} goes: writing it is refused (KeyOccupiedError) until the "
+                           "directory is moved out of the store", key, run_id, rf.version)
 
 
 def _check_artifacts(checker: _Checker, storage: Storage, report: Report, listed: list[str],
