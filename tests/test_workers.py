@@ -86,6 +86,35 @@ def test_three_workers_share_a_run_over_s3_each_step_once(s3: EmbeddedS3, s3_url
             assert run.steps[d].completed_at <= s.started_at
 
 
+def test_workers_add_what_their_steps_spent_to_the_runs_totals(tmp_path: Path) -> None:
+    """The run's tokens and cost stayed 0 when workers ran it (only the agent counted them; a
+    hostile review): each worker's completion now adds its attempt's spend, in the same record,
+    against the version it extends, so three writers racing never overwrite each other's."""
+    from ckptfs.runtime.execution import StepResult
+
+    url = str(tmp_path / "store")
+    _start(url, {})
+
+    def work(wid: str) -> None:
+        with CheckpointStore(url) as store:
+            worker = Worker(store, worker_id=wid, lease_ttl=5, poll_interval=0.01)
+            worker.work("shared", lambda step, prior: StepResult(f"{step.id} by {wid}", tokens=6,
+                                                                 cost_usd=0.25), idle_timeout=30)
+
+    threads = [threading.Thread(target=work, args=(f"w{i}",)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    run = CheckpointStore(url).load_run("shared")
+    assert run is not None and run.status == "completed"
+    assert sum(s.tokens for s in run.steps.values()) == 6 * len(run.steps)
+    assert (run.total_tokens, run.total_cost_usd) == (6 * len(run.steps), 0.25 * len(run.steps))
+    cli = str(Path(sys.executable).parent / "ckptfs")
+    shown = subprocess.run([cli, "show", url, "shared", "--json"], capture_output=True, text=True, timeout=60)
+    assert json.loads(shown.stdout)["totals"]["tokens"] == 6 * len(run.steps), shown.stdout[-300:]
+
+
 def _spawn(url: str, opts: dict[str, Any], wid: str, ttl: float, side: Path, slow: str,
            nap: float) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": ROOT}

@@ -350,7 +350,7 @@ class Worker:
             raise
 
     def _commit_with_retries(self, run_id: str, step: Step, hb: Heartbeat,
-                             call: ToolCall | None = None) -> None:
+                             call: ToolCall | None = None, tokens: int = 0, cost: float = 0.0) -> None:
         """Commit under the lease; a lost race is retried for as long as minutes (60 rounds of
         commit_step's own rebases): what is committed here was paid for.
 
@@ -367,8 +367,8 @@ class Worker:
                 with self._claim_lock:  # tool calls from several threads: one claim between them
                     if hb.lost is not None:
                         raise hb.lost
-                    self.store.commit_step(run_id, step, hb.lease,
-                                           claim=key not in self._claimed, tool_call=call)
+                    self.store.commit_step(run_id, step, hb.lease, claim=key not in self._claimed,
+                                           tool_call=call, tokens=tokens, cost_usd=cost)
                     self._claimed.add(key)
                 return
             except ConflictError as exc:
@@ -377,11 +377,13 @@ class Worker:
                 logger.info("run %s: step %s: %s; trying again", run_id, step.id, exc)
         raise AssertionError("unreachable")
 
-    def _commit(self, run_id: str, step: Step, hb: Heartbeat, report: WorkReport) -> bool:
+    def _commit(self, run_id: str, step: Step, hb: Heartbeat, report: WorkReport,
+                tokens: int = 0, cost: float = 0.0) -> bool:
         """Commit under the lease, rebasing while it is trusted; False if it is not (or the step
-        finished elsewhere). Gives up with ConflictError only after minutes of lost races."""
+        finished elsewhere). Gives up with ConflictError only after minutes of lost races.
+        `tokens`/`cost`: what the attempt spent, for the run's totals (as the agent counts them)."""
         try:
-            self._commit_with_retries(run_id, step, hb)
+            self._commit_with_retries(run_id, step, hb, tokens=tokens, cost=cost)
         except StepCompletedError as exc:
             logger.info("%s", exc)  # a normal race: we saw the step ready just before
             report.done_elsewhere.append(step.id)
@@ -394,8 +396,9 @@ class Worker:
 
     def _succeeded(self, run_id: str, step: Step, hb: Heartbeat, out: Any,
                    report: WorkReport) -> None:
+        tokens0, cost0 = step.tokens, step.cost_usd
         complete_step(step, out)
-        if self._commit(run_id, step, hb, report):
+        if self._commit(run_id, step, hb, report, step.tokens - tokens0, step.cost_usd - cost0):
             report.completed.append(step.id)
             logger.info("run %s: step %s completed by %s", run_id, step.id, self.worker_id)
 

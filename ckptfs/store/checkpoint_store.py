@@ -681,7 +681,8 @@ class CheckpointStore:
         return self._commit_steps(run_id, None, [step])
 
     def commit_step(self, run_id: str, step: Step, lease: Lease, *, claim: bool = False,
-                    tool_call: ToolCall | None = None, attempts: int = 10) -> int:
+                    tool_call: ToolCall | None = None, attempts: int = 10, tokens: int = 0,
+                    cost_usd: float = 0.0) -> int:
         """Commit one step under a lease: the write path of several workers sharing a run.
 
         Stamps `step.lease_generation` and refuses (LeaseLostError, nothing written) when the
@@ -694,7 +695,9 @@ class CheckpointStore:
         The check is made against the exact version the commit extends: versions are created
         exclusively, so if another worker committed in between, the create fails, the head
         catches up and the check runs again. Only this step's fields are written, so the retry
-        merges with whatever the others committed meanwhile.
+        merges with whatever the others committed meanwhile. `tokens` and `cost_usd` (what the
+        attempt spent) are added to the run's totals in the same record, against the version it
+        extends: each worker adds its own, so none overwrites another's.
         """
         if (lease.run_id, lease.step_id) != (run_id, step.id):
             raise ValueError(f"commit_step: lease is for {lease.run_id}/{lease.step_id}, "  # a caller bug
@@ -715,8 +718,9 @@ class CheckpointStore:
             if step.lease_generation != lease.generation:
                 step.lease_generation = lease.generation
             call = None if tool_call is None or logged(head, step.id, tool_call) else tool_call
+            totals = self._totals_plus(run_id, head, tokens, cost_usd) if tokens or cost_usd else None
             return self._commit_steps(run_id, None, [step], rebase=True,
-                                      tool_calls=[call] if call else None)
+                                      tool_calls=[call] if call else None, run_fields=totals)
 
         return self._rebasing(run_id, attempts, write)
 
@@ -737,9 +741,21 @@ class CheckpointStore:
             _backoff(attempt)
         raise AssertionError("unreachable")
 
+    def _totals_plus(self, run_id: str, head: Head, tokens: int, cost_usd: float) -> bytes:
+        """The run-level JSON of `head` with its totals raised (a worker's commit_step)."""
+        if head.run_json is None:
+            raise RunNotFoundError(f"run {run_id!r} has no saved state")
+        doc = json.loads(head.run_json)
+        doc["total_tokens"] = int(doc.get("total_tokens", 0)) + tokens
+        doc["total_cost_usd"] = float(doc.get("total_cost_usd", 0.0)) + cost_usd
+        run = AgentRun.model_validate({**doc, "steps": {}})
+        self._values.check_storable(run_id, None, run, exclude=frozenset({"steps"}))
+        return self._values.model_json_of(run, run_id, None, exclude={"steps"})
+
     def _commit_steps(self, run_id: str, run: AgentRun | None, steps: Iterable[Step],
                       full: bool = False, rebase: bool = False,
-                      tool_calls: list[ToolCall] | None = None) -> int:
+                      tool_calls: list[ToolCall] | None = None,
+                      run_fields: bytes | None = None) -> int:
         """Diff `steps` (and the run-level fields, with a run) against the head and commit.
 
         With `full`, steps missing from `run` are recorded as removed. On any failure the
@@ -757,6 +773,8 @@ class CheckpointStore:
                 if run_json != head.run_json:
                     self._values.check_storable(run_id, None, run, exclude=frozenset({"steps"}))
                     changes.run = run_json
+            elif run_fields is not None and run_fields != head.run_json:
+                changes.run = run_fields  # checked by whoever built it (`_totals_plus`)
             removed = [sid for sid in head.steps_cmp if sid not in run.steps] if full and run else []
             undo: dict[str, codec.Fragment | None] = {}
             pending: list[PendingArtifact] = []
