@@ -387,3 +387,17 @@ def test_an_unreachable_postgres_is_a_usage_error_without_the_password(tmp_path:
     code, doc = run_cli("import-langgraph", f"postgresql://u:s3cret@127.0.0.1:{port}/db", str(tmp_path))
     assert code == 2 and "cannot connect" in doc["error"]["message"]
     assert "s3cret" not in json.dumps(doc)
+
+
+def test_a_thread_the_source_does_not_hold_is_a_usage_error(tmp_path: Path) -> None:
+    """`--thread nosuch` said "imported: 1 thread(s) ... 0 checkpoint(s)" and exit 0: a typo
+    imported nothing, silently. Now exit 2 naming it, before the store is touched."""
+    src = tmp_path / "src.db"
+    with SqliteSaver.from_conn_string(str(src)) as saver:
+        build(saver).invoke(START_STATE, _cfg("t1"))
+    store = tmp_path / "dst"
+    code, out, err = cli("import-langgraph", str(src), str(store), "--thread", "t1", "--thread", "nosuch")
+    assert code == 2 and "thread 'nosuch' not found in" in err and "nothing imported" in err, (out, err)
+    assert not store.exists()
+    code, out, err = cli("import-langgraph", str(src), str(store), "--thread", "t1")
+    assert code == 0, (out, err)

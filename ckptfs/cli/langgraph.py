@@ -56,6 +56,13 @@ def cmd_import_langgraph(args: argparse.Namespace) -> int:
         raise CliError(f"reading {args.source.split(':', 1)[0]} needs its LangGraph saver package "
                        f"(langgraph-checkpoint-sqlite / langgraph-checkpoint-postgres): {exc}") from None
     try:
+        if args.threads:  # a --thread the source does not hold is bad input, as a --run is
+            known = set(source.thread_ids())
+            unknown = [t for t in dict.fromkeys(args.threads) if t not in known]
+            if unknown:
+                raise CliError(f"thread{'s' if len(unknown) > 1 else ''} "
+                               f"{', '.join(repr(t[:60]) for t in unknown)} not found in "
+                               f"{source.display}; nothing imported", kind="not-found")
         with CkptfsSaver(target.url, target.options) as dest:
             if args.json or not err().is_terminal:
                 report = import_threads(source, dest, args.threads)
