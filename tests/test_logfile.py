@@ -352,6 +352,7 @@ def test_torn_tail_hidden_from_readers_then_truncated(
     reader = RecordLog(str(path))
     assert reader.refresh() == (False, [(offs[0], b"one" * 10), (offs[1], b"two" * 20)])
     assert reader.damaged == []  # a tail is not damage
+    assert reader.torn is not None and reader.torn[:2] == (end2, junk)  # but it is told: where, how long
     assert reader.refresh() == (False, [])
     assert path.stat().st_size == end2 + junk  # readers never write
 
@@ -362,7 +363,7 @@ def test_torn_tail_hidden_from_readers_then_truncated(
     assert path.stat().st_size == end2 + HEADER_SIZE + 4
     assert reader.refresh() == (False, [(end2, b"four")])
     assert reader.read(end2) == b"four"
-    assert reader.damaged == []
+    assert reader.damaged == [] and reader.torn is None
 
 
 @pytest.mark.parametrize("where", ["magic", "length", "crc", "payload", "length_huge"])
@@ -468,7 +469,7 @@ def test_two_processes_append_concurrently(tmp_path: Path) -> None:
     assert os.path.getsize(path) == sum(HEADER_SIZE + len(p) for _, p in seen)
 
 
-@pytest.mark.parametrize("state", ["being written", "torn by a crash", "payload damaged"])
+@pytest.mark.parametrize("state", ["being written", "torn by a crash", "payload damaged", "header damaged"])
 def test_a_frame_stored_inside_a_value_is_never_taken_for_a_record(tmp_path: Path, state: str) -> None:
     """Values may contain whole valid frames (a state can hold a copy of a log). A reader that
     meets the value's record half-written, torn or damaged must not find the frame inside it."""
@@ -480,17 +481,20 @@ def test_a_frame_stored_inside_a_value_is_never_taken_for_a_record(tmp_path: Pat
     second = append(log, value)[0]
     full = path.read_bytes()
     inside = second + HEADER_SIZE + 3000 + len(forged) + 10  # just past the forged frame
-    if state == "payload damaged":
+    damaged = state.endswith("damaged")
+    if damaged:
         raw = bytearray(full)
-        raw[second + HEADER_SIZE + 5] ^= 0x01  # before the forged frame, inside the same record
+        # before the forged frame, inside the same record; or its magic: the search for the next
+        # record must not start inside a record whose payload still proves where it ends
+        raw[second + (HEADER_SIZE + 5 if state == "payload damaged" else 2)] ^= 0x01
         path.write_bytes(bytes(raw) + frame(b"after"))
     else:
         path.write_bytes(full[:inside])
     reader = RecordLog(str(path))
     payloads = [p for _, p in reader.refresh()[1]]
     assert b"FORGED" not in payloads
-    assert payloads == ([b"before", b"after"] if state == "payload damaged" else [b"before"])
-    if state == "payload damaged":
+    assert payloads == ([b"before", b"after"] if damaged else [b"before"])
+    if damaged:
         assert [o for o, _ in reader.damaged] == [second]
     else:
         assert first == 0 and reader.damaged == []
@@ -525,6 +529,41 @@ def test_a_flipped_byte_in_the_last_record_is_damage_not_a_torn_tail(tmp_path: P
     new = append(RecordLog(str(path)), b"six")  # the writer keeps it: evidence, not junk
     assert new == [offs[4] + HEADER_SIZE + len(good[offs[4]])]
     assert reader.refresh() == (False, [(new[0], b"six")])
+
+
+@pytest.mark.parametrize("where", ["magic", "length", "header crc", "payload crc field", "torn"])
+def test_a_damaged_header_of_the_last_record_is_damage_when_its_payload_proves_it(
+        tmp_path: Path, where: str) -> None:
+    """A torn write leaves a prefix of a record, never a whole one under a wrong header: the last
+    record with a flipped header byte whose payload still matches its crc (for the length stored,
+    or the length up to the end of the file) is damage, kept and reported; the writer must not
+    truncate it as a torn tail. Without such a proof (the crc field itself hit) it stays a tail."""
+    path = tmp_path / "l"
+    log, offs = five(path)
+    good = {o: log.read(o) for o in offs}
+    size = path.stat().st_size
+    at = {"magic": 0, "length": 5, "header crc": 13, "payload crc field": 9, "torn": 9}[where]
+    raw = bytearray(path.read_bytes())
+    raw[offs[4] + at] ^= 0x01
+    if where == "torn":  # a prefix of a record, the header damaged too: no proof, a tail
+        raw = raw[: offs[4] + HEADER_SIZE + 10]
+    path.write_bytes(bytes(raw))
+    reader = RecordLog(str(path))
+    assert [o for o, _ in reader.refresh()[1]] == offs[:4]
+    new = append(RecordLog(str(path)), b"six")
+    if where in ("payload crc field", "torn"):
+        assert reader.damaged == []
+        assert reader.torn is not None and reader.torn[:2] == (offs[4], len(raw) - offs[4])
+        assert new == [offs[4]]  # truncated: nothing proves a whole record was there
+        return
+    assert [o for o, _ in reader.damaged] == [offs[4]] and reader.torn is None
+    assert new == [size]  # kept: evidence of an acknowledged record, not junk
+    assert path.read_bytes()[: size] == bytes(raw)
+    assert reader.refresh() == (False, [(size, b"six")])
+    assert [o for o, _ in reader.damaged] == [offs[4]]
+    with pytest.raises(CorruptFileError, match=f"offset {offs[4]}"):
+        reader.read(offs[4])
+    assert good[offs[3]] == reader.read(offs[3])
 
 
 def test_a_read_with_a_length_hint_checks_the_record_all_the_same(tmp_path: Path) -> None:

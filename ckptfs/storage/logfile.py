@@ -16,12 +16,26 @@ its payload crc matches. A header that is intact but claims bytes past the end o
 record being written right now or torn by a crash: the scan stops there. A payload that fails its
 crc under an intact header, with all its bytes present, is damage bounded by that header, even as
 the last record (a file grows only as the pages of a write land, so a crash leaves a record short,
-not long and wrong): it is kept, so it can be reported. Only a damaged header makes the scan
-search forward (for the next valid record); no search ever starts inside a record whose end is
-known, so bytes stored *inside* a value (which may well contain a whole valid frame: a state can
-hold a copy of a log) are never taken for a record. Bytes skipped before a later valid record are
-damage (recorded in `RecordLog.damaged`, logged); with no valid record after them they are a
-torn tail, which readers leave alone and the next writer, holding the lock, truncates away.
+not long and wrong): it is kept, so it can be reported.
+
+A damaged header is told apart from a torn write by proof, not by position: a torn write leaves a
+*prefix* of a record, and a prefix of 16 bytes or more has an intact header (the case above). So
+when the bytes at a damaged header still hold a length whose payload is present in full and
+matches the header's payload crc (crc32(length bytes + payload), which covers the length too), or
+when the bytes up to the end of the file do (the length field itself was hit), that is a whole
+record with a damaged header: damage bounded by its proven end, kept and reported, never
+truncated, even as the last record. A false proof needs a 32-bit crc to match by chance. Only a
+damaged header with no such proof makes the scan search forward (for the next valid record); no
+search ever starts inside a record whose end is known, so bytes stored *inside* a value (which may
+well contain a whole valid frame: a state can hold a copy of a log) are never taken for a record.
+Bytes skipped before a later valid record are damage (recorded in `RecordLog.damaged`, logged);
+with no valid record after them and no proof they are a torn tail (`RecordLog.torn` says where,
+how long and why), which readers leave alone and the next writer, holding the lock, truncates
+away.
+
+Not detected, as in a truncated SQLite WAL: a file cut exactly at a record boundary (by something
+other than ckptfs, which never shrinks a log below a whole record) reads as a shorter valid log;
+its last records are lost without a trace in the file itself.
 
 Concurrency: writers serialize with `flock` on the log file itself, so exclusion holds among
 ckptfs processes (not against programs that ignore the lock). Readers never lock: a record only
@@ -80,7 +94,8 @@ def open_log(path: str, flags: int = READ_FLAGS, mode: int = 0o644) -> int:
     try:
         fd, _st = open_regular(None, path, flags, mode)
     except NotRegular as exc:
-        raise UnreadableFileError(path, f"is {entry_kind(exc.mode)}, not a regular file") from None
+        raise UnreadableFileError(path, f"is {entry_kind(exc.mode)}, not a regular file; only "
+                                        "regular files are opened in a store") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UnreadableFileError(path, "is a symbolic link; links in a store are never "
@@ -146,6 +161,9 @@ class RecordLog:
         # a link (LogStorage passes it; a bare RecordLog takes its path as given)
         self.root = root
         self.damaged: list[tuple[int, str]] = []
+        # the bytes after the last whole record, as the last scan found them: (offset, size, why),
+        # a write in progress or torn by a crash (never acknowledged); None when there are none
+        self.torn: tuple[int, int, str] | None = None
         self._lock = threading.RLock()  # view state and locked() sessions
         self._fd_lock = threading.Lock()  # only around swapping or using _fd, so reads stay short
         self._fd: int | None = None  # read fd of the file in view
@@ -341,6 +359,7 @@ class RecordLog:
         self._ident = ident
         self._end = 0
         self.damaged = []
+        self.torn = None
         return replaced
 
     def _lose_file(self) -> bool:
@@ -350,6 +369,7 @@ class RecordLog:
         self._ident = None
         self._end = 0
         self.damaged = []
+        self.torn = None
         return replaced
 
     def _rewind_if_shrunk(self, size: int) -> bool:
@@ -375,6 +395,7 @@ class RecordLog:
         """Whole records from `_end` to `size`; returns them and the size of a torn tail."""
         start = self._end
         if size <= start:
+            self.torn = None
             return [], 0
         raw = _pread_all(fd, size - start, start)
         buf = memoryview(raw)
@@ -396,16 +417,28 @@ class RecordLog:
                 # Kept, not truncated, so verify can name it and its key is not served stale.
                 nxt = pos + HEADER_SIZE + claimed
             else:
-                # only a damaged header makes us search for the next record
-                nxt = _next_valid(raw, buf, pos + 1)
-                if nxt < 0:
-                    break  # a torn tail
+                # A damaged header: a whole record if its payload proves its length (the
+                # stored one); else the next valid record bounds it; else, if the bytes to the
+                # end prove that length (the length field was hit), it is the last record.
+                # Without a proof it is a torn tail (a torn write leaves a prefix of a record,
+                # whose header is intact once 16 bytes are there: see the module docstring).
+                proven = _proven_length(buf, pos)
+                if proven >= 0:
+                    nxt = pos + HEADER_SIZE + proven
+                else:
+                    nxt = _next_valid(raw, buf, pos + 1)
+                    if nxt < 0:
+                        if not _proves(buf, pos, len(buf) - pos - HEADER_SIZE):
+                            break  # a torn tail
+                        nxt = len(buf)
             self.damaged.append((start + pos, why))
             logger.warning("%s: %d damaged bytes at offset %d skipped (%s)",
                            self.path, nxt - pos, start + pos, why)
             pos = nxt
         self._end = start + pos
-        return records, len(buf) - pos
+        tail = len(buf) - pos
+        self.torn = (start + pos, tail, _check(buf, pos)[1]) if tail else None
+        return records, tail
 
     def _ensure_dir(self) -> None:
         """Create missing parents, each made durable by an fsync of its own parent."""
@@ -608,6 +641,25 @@ class LockedLog:
         except OSError:
             self._log._drop_wfd()
             raise
+
+
+def _proves(buf: bytes | memoryview, pos: int, n: int) -> bool:
+    """Whether a record of `n` payload bytes at `pos`, all present, matches the payload crc its
+    header bytes hold (crc32 of the length bytes it would have, then the payload): the proof
+    that a record whose header is damaged is whole, not a torn write."""
+    if n < 0 or n > MAX_PAYLOAD or pos + HEADER_SIZE + n > len(buf):
+        return False
+    crc = int.from_bytes(buf[pos + 8 : pos + 12], "little")
+    payload = buf[pos + HEADER_SIZE : pos + HEADER_SIZE + n]
+    return zlib.crc32(payload, zlib.crc32(n.to_bytes(4, "little"))) == crc
+
+
+def _proven_length(buf: bytes | memoryview, pos: int) -> int:
+    """The payload length stored in the (damaged) header at `pos` if its payload proves it, else -1."""
+    if len(buf) - pos < HEADER_SIZE:
+        return -1
+    n = int.from_bytes(buf[pos + 4 : pos + 8], "little")
+    return n if _proves(buf, pos, n) else -1
 
 
 def _next_valid(raw: bytes, buf: memoryview, pos: int) -> int:
