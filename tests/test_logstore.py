@@ -158,6 +158,70 @@ class TestLogStorage(StorageConformance):
         fresh.put("g/v", b"version 3")  # written again: readable again
         assert open_log_storage(tmp_path).get("g/v") == b"version 3"
 
+    @pytest.mark.parametrize("hit", ["value", "key", "magic"])
+    def test_newest_never_answers_an_older_key_when_a_newer_record_is_damaged(
+            self, tmp_path: Path, hit: str) -> None:
+        """`newest` is the latest of keys named in time order: with the record of the greatest
+        key damaged (its only record), answering the one before would be a wrong answer."""
+        s = open_log_storage(tmp_path)
+        for i in range(3):
+            s.put(f"g/ckpt/{i}", f"state {i} ".encode() * 20)
+            s.put(f"g/writes/{i}/a", b"w" * 50)
+        log = tmp_path / "g" / LOG_NAME
+        assert s.newest("g/ckpt/", lambda k: "g/writes/" + k.rsplit("/", 1)[1] + "/")[0] == "g/ckpt/2"
+        offs = [o for o, _ in RecordLog(str(log)).refresh()[1]]
+        raw = bytearray(log.read_bytes())
+        raw[offs[4] + {"value": 40, "key": 20, "magic": 1}[hit]] ^= 0x01  # g/ckpt/2's record
+        log.write_bytes(bytes(raw))
+        time.sleep(0.06)  # the directory's stamp settles: the one-look path (see _scan_loose)
+        fresh = open_log_storage(tmp_path)
+        with pytest.raises(CorruptFileError) as err:
+            fresh.newest("g/ckpt/", lambda k: "g/writes/" + k.rsplit("/", 1)[1] + "/")
+        assert f"byte {offs[4]}" in str(err.value) and str(log) in str(err.value)
+        if hit != "key":
+            assert "g/ckpt/2" in str(err.value)
+        damage = fresh.damage("g/", "g/ckpt/")
+        assert [(d.offset, d.key, d.after) for d in damage] == (
+            [(offs[4], None, "g/ckpt/1")] if hit == "key" else [(offs[4], "g/ckpt/2", None)])
+        assert fresh.get("g/ckpt/1").startswith(b"state 1")  # what is intact reads as before
+        fresh.put("g/ckpt/3", b"state 3")  # written after the damage: the newest again
+        assert fresh.newest("g/ckpt/")[0] == "g/ckpt/3"
+        assert open_log_storage(tmp_path).newest("g/ckpt/")[0] == "g/ckpt/3"
+
+    @pytest.mark.parametrize("hit", ["value", "key"])
+    def test_newest_refuses_when_what_is_filed_under_it_is_damaged(self, tmp_path: Path, hit: str) -> None:
+        s = open_log_storage(tmp_path)
+        s.put("g/ckpt/1", b"one")
+        s.put("g/writes/1/a", b"a" * 80)
+        s.put("g/writes/1/b", b"b" * 80)
+        log = tmp_path / "g" / LOG_NAME
+        last = RecordLog(str(log)).refresh()[1][-1][0]
+        raw = bytearray(log.read_bytes())
+        raw[last + {"value": 60, "key": 20}[hit]] ^= 0x01
+        log.write_bytes(bytes(raw))
+        fresh = open_log_storage(tmp_path)
+        with pytest.raises(CorruptFileError, match=f"byte {last}"):
+            fresh.newest("g/ckpt/", lambda k: "g/writes/1/")
+        if hit == "value":  # its key legible and nothing asked under g/ckpt/1: the answer stands
+            assert fresh.newest("g/ckpt/")[0] == "g/ckpt/1"
+        assert fresh.list("g/writes/") == ["g/writes/1/a"]  # a listing stays a listing of what is there
+
+    def test_a_deleted_damaged_key_hides_nothing_from_any_reader(self, tmp_path: Path) -> None:
+        s = open_log_storage(tmp_path)
+        s.put("g/a", b"keep")
+        s.put("g/z", b"z" * 100)
+        log = tmp_path / "g" / LOG_NAME
+        raw = bytearray(log.read_bytes())
+        raw[-20] ^= 0x01  # g/z's only record
+        log.write_bytes(bytes(raw))
+        fresh = open_log_storage(tmp_path)
+        with pytest.raises(CorruptFileError, match="g/z"):
+            fresh.newest("g/")
+        fresh.delete("g/z")  # a tombstone, so other readers learn it too
+        assert fresh.newest("g/")[0] == "g/a"
+        assert open_log_storage(tmp_path).newest("g/")[0] == "g/a"
+        assert open_log_storage(tmp_path).get("g/a") == b"keep"
+
     def test_the_log_file_is_no_key_and_bad_records_are_skipped(self, tmp_path: Path) -> None:
         s = open_log_storage(tmp_path)
         s.put("g/a", b"1")

@@ -90,6 +90,7 @@ class _Group:
     damaged: dict[str, int] = field(default_factory=dict)  # key -> offset of its damaged record
     uncertain: int = -1  # offset of a damaged record whose key is unknown (-1: none)
     seen_damage: int = 0  # how many of log.damaged were looked at
+    synced: bool = False  # has `sync` caught up with the log at least once?
     # The group's directory (st_ino, st_mtime_ns, st_nlink) as it was when a scan found nothing
     # in it but its log; None: not known to hold only its log, so a listing scans it.
     dir_stamp: tuple[int, int, int] | None = None
@@ -145,6 +146,8 @@ class _Group:
                 del keys[i]
 
     def apply(self, records: Iterable[tuple[int, bytes]], replaced: bool) -> None:
+        """Index `records` (file order); name the damage the log found among them, in the same
+        order, so a damaged record counts only until a later record of its key supersedes it."""
         if replaced or records:
             self.memo = None
         if replaced:
@@ -153,12 +156,22 @@ class _Group:
             self.damaged.clear()
             self.live = self.dead = self.seen_damage = 0
             self.uncertain = -1
+        found = self.log.damaged
+        fresh = len(found) > self.seen_damage  # new damage: noted before the records after it
+        if fresh:
+            self.memo = None
         for offset, payload in records:
+            if fresh:
+                while self.seen_damage < len(found) and found[self.seen_damage][0] < offset:
+                    self._note_damage(*found[self.seen_damage])
+                    self.seen_damage += 1
             try:
                 op, key, start = _parse(payload, f"{self.log.path}@{offset}")
             except CorruptFileError as exc:
                 logger.warning("%s: skipped", exc)
                 continue
+            if self.damaged:
+                self.damaged.pop(key, None)  # a later record of its key: the damage hides nothing now
             old = self.index.pop(key, None)
             if old is not None:
                 self.live -= old[1]
@@ -173,7 +186,9 @@ class _Group:
                 self.dead += len(payload)
                 if old is not None:
                     self._removed(key)
-        self._note_damage()
+        while self.seen_damage < len(found):
+            self._note_damage(*found[self.seen_damage])
+            self.seen_damage += 1
 
     def put_applied(self, offset: int, key: str, data: bytes) -> str:
         """`apply` of a put this process just appended: its key and bytes are known, so the
@@ -190,34 +205,91 @@ class _Group:
             self._added(key)
         return etag
 
-    def _note_damage(self) -> None:
-        """Name the key of each damaged record the log skipped, where its bytes still say it.
+    def _note_damage(self, offset: int, why: str) -> None:
+        """Name the key of a damaged record the log skipped, where its bytes still say it.
 
         A skipped record may have been a key's newest put or its delete: serving the key's older
         record instead would be a wrong answer, so such a key raises until it is written again.
+        A record whose key is unreadable may have been any key: `uncertain` keeps the last one,
+        which `hidden` and `LogStorage.damage` weigh against the keys written before it.
         """
-        for offset, why in self.log.damaged[self.seen_damage :]:
-            key = _damaged_key(self.log.path, offset, self.group)
-            if key is None:
-                self.uncertain = max(self.uncertain, offset)
-                logger.warning("%s: damaged record at byte %d (%s); its key is unknown", self.log.path,
-                               offset, why)
-            else:
-                self.damaged[key] = offset
-                logger.warning("%s: the record of %s at byte %d is damaged (%s)", self.log.path, key,
-                               offset, why)
-        self.seen_damage = len(self.log.damaged)
+        key = damaged_key(self.log.path, offset, self.group)
+        if key is None:
+            self.uncertain = max(self.uncertain, offset)
+            logger.warning("%s: damaged record at byte %d (%s); its key is unknown", self.log.path,
+                           offset, why)
+        else:
+            self.damaged[key] = offset
+            logger.warning("%s: the record of %s at byte %d is damaged (%s)", self.log.path, key,
+                           offset, why)
 
     def sync(self) -> None:
         replaced, records = self.log.refresh()
         self.apply(records, replaced)
+        self.synced = True
 
     def check_readable(self, key: str) -> None:
         bad = self.damaged.get(key)
         hit = self.index.get(key)
         if bad is not None and (hit is None or hit[0] < bad):
-            raise CorruptFileError(key, f"its newest record (byte {bad} of {self.log.path}) is damaged; "
-                                   "rewrite the key or delete it")
+            raise Damage(self.log.path, bad, key).error()
+
+    def written_before(self, offset: int, ranked: str) -> str | None:
+        """The greatest live key under `ranked` whose record precedes byte `offset` (None: none)."""
+        for key in reversed(self.keys_under(ranked)):
+            if self.index[key][0] < offset:
+                return key
+        return None
+
+    def hidden(self, prefix: str, key: str | None, near: str | None) -> CorruptFileError | None:
+        """Why `key`, the greatest live key under `prefix` (None: there is none), may not be the
+        newest one, or the keys under `near` may not be all: a damaged record of a key under
+        `prefix` from `key` on or of one under `near`, or one whose key is unreadable written
+        after `key`'s record (keys named in time order, it may have been a newer key or one
+        filed under `key`). None when nothing is known to hide anything there."""
+        for bad, offset in sorted(self.damaged.items(), reverse=True):
+            if (bad.startswith(prefix) and (key is None or bad >= key)) or (
+                    near is not None and bad.startswith(near)):
+                hit = self.index.get(bad)
+                if hit is None or hit[0] < offset:
+                    context = ("" if bad == key else f"; so the keys filed under {key} are not all known"
+                               if near is not None and bad.startswith(near)
+                               else f"; so the newest key under {prefix!r} is not known")
+                    return Damage(self.log.path, offset, bad).error(context)
+        if self.uncertain >= 0:
+            hit = None if key is None else self.index.get(key)
+            if hit is None or hit[0] < self.uncertain:
+                return Damage(self.log.path, self.uncertain, None, key).error(
+                    f"; so the newest key under {prefix!r} is not known")
+        return None
+
+
+@dataclass(frozen=True)
+class Damage:
+    """A damaged record of a group's log that may hide a key's newest record (a put or a delete).
+
+    `key`: the key it was for, where its bytes still say it; None when they do not, and then
+    `after` is the greatest key (of the range asked about) whose live record was written before
+    it, None if none was: keys named in time order (LangGraph's checkpoint ids), the damaged
+    record may have been any key written after that one, or one filed under it.
+    """
+
+    log: str
+    offset: int
+    key: str | None
+    after: str | None = None
+
+    def error(self, context: str = "") -> CorruptFileError:
+        """The error a read that this damage may make wrong raises instead of answering."""
+        if self.key is not None:
+            return CorruptFileError(self.key, f"its newest record (byte {self.offset} of {self.log}) is "
+                                              f"damaged{context}; rewrite the key or delete it "
+                                              "(see `ckptfs verify`)")
+        where = (f"written after the record of {self.after}, it may have held a newer key or one "
+                 "filed under that one" if self.after is not None
+                 else "written before every intact record, it may have held any key")
+        return CorruptFileError(self.log, f"the record at byte {self.offset} is damaged and its key "
+                                          f"unreadable ({where}){context} (see `ckptfs verify`)")
 
 
 # A directory stamp is trusted once its mtime is this far in the past: 50 ms where mtimes have
@@ -234,7 +306,7 @@ def _dir_stamp(path: str) -> tuple[int, int, int] | None:
     return (st.st_ino, st.st_mtime_ns, st.st_nlink)
 
 
-def _damaged_key(path: str, offset: int, group: str) -> str | None:
+def damaged_key(path: str, offset: int, group: str) -> str | None:
     """The key a damaged record was for, if its first bytes are still a plausible key of `group`."""
     try:
         fd = open_log(path)  # never through a link, never a FIFO
@@ -440,11 +512,14 @@ class LogStorage(Storage):
                 with g.log.locked() as w:
                     replaced, records = w.new_records()
                     g.apply(records, replaced)
-                    doomed = list(dict.fromkeys(k for k in members if k in g.index))
+                    # a key whose newest record is damaged gets its tombstone too: once deleted,
+                    # the damage hides nothing from any reader, not only from this one
+                    doomed = list(dict.fromkeys(k for k in members if k in g.index or k in g.damaged))
                     for key in members:
                         g.damaged.pop(key, None)
                     g.memo = None
-                    if doomed and len(doomed) == len(g.index) and g.uncertain < 0 and not g.damaged:
+                    everything = sum(k in g.index for k in doomed) == len(g.index)
+                    if doomed and everything and g.uncertain < 0 and not g.damaged:
                         g.log.remove()  # nothing stays live: the file goes
                         g.apply([], True)
                     elif doomed:
@@ -503,6 +578,13 @@ class LogStorage(Storage):
         bisection of the index and one pread, not a listing of every key then two more
         catch-ups with the file. FileNotFoundError when the key went between the listing and
         the read (possible only on the fallback path, with a loose file).
+
+        CorruptFileError, naming the log and the byte, when damage may make the answer wrong:
+        a damaged record of a key under `prefix` from the answer's key on (its only record, or
+        one newer than the one indexed), of a key under `beside(key)`, or one whose key is
+        unreadable written after the answer's record (`_Group.hidden`). An older state served
+        as the newest is the one wrong answer a checkpoint reader must never get; a log with no
+        damage pays one truth test for this.
         """
         group = self.group_of(prefix)
         if group is not None and prefix.startswith(group):
@@ -516,11 +598,14 @@ class LogStorage(Storage):
                             None if beside is None else beside(memo[2])) == memo[1]:
                         return memo[2], memo[3], list(memo[4])  # bytes are immutable; the list is a copy
                     key = g.last_under(prefix)
+                    near = None if beside is None or key is None else beside(key)
+                    if g.damaged or g.uncertain >= 0:
+                        hidden = g.hidden(prefix, key, near)
+                        if hidden is not None:
+                            raise hidden
                     if key is None:
                         return None
-                    g.check_readable(key)
                     hit = g.index[key]
-                    near = None if beside is None else beside(key)
                     under = [] if near is None else g.keys_under(near)
                     try:
                         payload = g.log.read(hit[0], _record_len(key, hit[1]))
@@ -534,9 +619,45 @@ class LogStorage(Storage):
                         g.memo = (prefix, near, key, data, under)
                         return key, data, list(under)
         keys = self.list(prefix)
-        if not keys:
+        last = keys[-1] if keys else None
+        if group is not None and prefix.startswith(group):
+            with self._held(group) as g:  # plain files beside the log: its damage counts all the same
+                g.sync()
+                hidden = g.hidden(prefix, last, None if beside is None or last is None else beside(last))
+            if hidden is not None:
+                raise hidden
+        if last is None:
             return None
-        return keys[-1], self.get(keys[-1]), [] if beside is None else self.list(beside(keys[-1]))
+        return last, self.get(last), [] if beside is None else self.list(beside(last))
+
+    def damage(self, prefix: str, ranked: str | None = None, *, sync: bool = True) -> list[Damage]:
+        """The damaged records of the log of `prefix`'s group that may hide a key's newest
+        record: those of keys under `prefix` (their only record, or one newer than the one
+        indexed), and the last one whose key is unreadable, with (`Damage.after`) the greatest
+        key under `ranked` (default: `prefix`) written before it. Empty for keys outside groups
+        and for a log without damage (the common case: one look at the index).
+
+        For readers that must not skip silently what damage hid, as a listing does (LangGraph's
+        `list`: a checkpoint missing from a history is a wrong answer too). `sync=False`: as the
+        log was at the last look (of a read or listing just made, whose answer the damage is
+        weighed against), without looking at the file again; a group never looked at is read.
+        """
+        group = self.group_of(prefix)
+        if group is None or not prefix.startswith(group):
+            return []
+        if not sync:
+            g = self._groups.get(group)  # a peek without the locks: what the last look left there
+            if g is not None and g.synced and not g.closed and not g.damaged and g.uncertain < 0:
+                return []
+        with self._held(group) as g:
+            if sync or not g.synced:
+                g.sync()
+            out = [Damage(g.log.path, offset, key) for key, offset in sorted(g.damaged.items())
+                   if key.startswith(prefix) and (key not in g.index or g.index[key][0] < offset)]
+            if g.uncertain >= 0:
+                out.append(Damage(g.log.path, g.uncertain, None,
+                                  g.written_before(g.uncertain, prefix if ranked is None else ranked)))
+        return out
 
     def size(self, key: str) -> int:
         if self._grouped(key):
