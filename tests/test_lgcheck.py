@@ -4,6 +4,7 @@ flipped bytes, lost versions and junk are reported with the file that holds them
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +91,30 @@ def test_a_lost_version_and_junk_are_reported(tmp_path: Path) -> None:
     assert ("lg-missing-version", "error") in findings
     assert ("stray", "warning") in findings
     assert ("lg-bad-marker", "error") in findings
+
+
+def test_a_linked_or_fifo_log_is_one_finding_and_the_rest_is_checked(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One log that is a symbolic link or a FIFO must not end verify: it is one finding naming
+    it, and damage elsewhere in the store is still reported."""
+    url = str(tmp_path / "s")
+    saver = CkptfsSaver(url)
+    _put_chain(saver, "t1", 3)
+    _put_chain(saver, "t2", 3)
+    saver.close()
+    threads = tmp_path / "s" / "langgraph" / "threads"
+    data = bytearray((threads / "t2" / "_" / ".records").read_bytes())
+    data[len(data) // 2] ^= 0x10
+    (threads / "t2" / "_" / ".records").write_bytes(bytes(data))
+    (threads / "zz" / "_").mkdir(parents=True)
+    (threads / "zz" / "_" / ".records").symlink_to("../../t1/_/.records")
+    (threads / "ff" / "_").mkdir(parents=True)
+    os.mkfifo(threads / "ff" / "_" / ".records")
+    assert cli_main(["verify", url, "--json"]) == 1  # was: one "corrupt:" line, no report
+    findings = {f["key"]: f for f in json.loads(capsys.readouterr().out)["findings"]}
+    assert findings["langgraph/threads/zz/_/.records"]["code"] == "lg-unreadable-log"
+    assert "symbolic link" in findings["langgraph/threads/zz/_/.records"]["message"]
+    assert findings["langgraph/threads/ff/_/.records"]["code"] == "lg-unreadable-log"
+    assert "FIFO" in findings["langgraph/threads/ff/_/.records"]["message"]
+    assert findings["langgraph/threads/t2/_/.records"]["code"] == "lg-damaged-record"
+    assert set(findings) - {None} == {f"langgraph/threads/{t}/_/.records" for t in ("zz", "ff", "t2")}

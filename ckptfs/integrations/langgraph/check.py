@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from ckptfs.errors import CkptfsError
+from ckptfs.errors import CkptfsError, UnreadableFileError
 from ckptfs.integrations.langgraph import codec as fmt
 from ckptfs.integrations.langgraph.keys import (
     LG_ROOT,
@@ -30,7 +30,7 @@ from ckptfs.integrations.langgraph.keys import (
 from ckptfs.storage.base import Storage
 from ckptfs.storage.local import LocalStorage
 from ckptfs.storage.logfile import RecordLog
-from ckptfs.storage.logstore import LOG_NAME, LogStorage
+from ckptfs.storage.logstore import LOG_NAME, LogStorage, damaged_key
 from ckptfs.storage.registry import open_storage
 
 Problem = tuple[str, str, str, str]  # severity, code, message, key
@@ -54,15 +54,10 @@ def check(storage: Storage, keys: list[str], level: str,
     groups: set[str] = set()
     for key in keys:
         if _is_log(key) and isinstance(storage, LocalStorage):
-            groups.add(key[: -len(LOG_NAME)])
-            log = RecordLog(storage.local_path(key), fsync=False)
-            try:
-                log.refresh()
-                for offset, why in log.damaged:
-                    yield ("error", "lg-damaged-record",
-                           f"damaged record at byte {offset} skipped ({why}): what it held is lost", key)
-            finally:
-                log.close()
+            found = list(_check_log(storage, key))
+            yield from found
+            if not any(code == "lg-unreadable-log" for _sev, code, _msg, _key in found):
+                groups.add(key[: -len(LOG_NAME)])
             continue
         owner = lg_group_of(key)
         if owner is not None:
@@ -81,6 +76,47 @@ def check(storage: Storage, keys: list[str], level: str,
     finally:
         if view is not storage:
             view.close()
+
+
+def _check_log(storage: LocalStorage, key: str) -> Iterator[Problem]:
+    """One namespace's record log, scanned as a reader scans it: each damaged record (with the
+    key it was for, where its bytes still say it), a torn tail, or why it cannot be read at all.
+
+    A log that is a symbolic link or a FIFO is one finding, not the end of verify: it is never
+    opened (links are not followed, a FIFO could block), and the store's other namespaces are
+    checked all the same, as a linked thread directory is one "stray" among the rest.
+    """
+    path = storage.local_path(key)
+    group = key[: -len(LOG_NAME)]
+    log = RecordLog(path, fsync=False)
+    try:
+        try:
+            log.refresh()
+        except UnreadableFileError as exc:
+            yield ("error", "lg-unreadable-log", f"the log {exc.reason}; not read, so what this thread "
+                   "namespace holds is not checked (and a saver refuses to read it)", key)
+            return
+        for offset, why in log.damaged:
+            was = damaged_key(path, offset, group)
+            what = f"the record of {was}" if was is not None else "a record whose key is unreadable"
+            yield ("error", "lg-damaged-record",
+                   f"{what} at byte {offset} is damaged ({why}), skipped: what it held is lost", key)
+        if log.torn is not None:
+            offset, size, why = log.torn
+            if why.startswith(("header cut short", "length")):
+                # the prefix of a record: a write in progress, or one a crash cut short, which
+                # no caller was told had succeeded; the next writer truncates it
+                yield ("info", "lg-torn-tail", f"{size} byte(s) at byte {offset} after the last whole "
+                       f"record ({why}): an interrupted write, never acknowledged (or one in progress); "
+                       "the next writer truncates them", key)
+            else:
+                # no prefix of a record (its header is damaged) and no proof of a whole one:
+                # junk after a crash, or a last record damaged beyond recognition
+                yield ("warning", "lg-torn-tail", f"{size} unreadable byte(s) at byte {offset} after the "
+                       f"last whole record ({why}): not a record's beginning, nor proven a whole "
+                       "record; the next writer truncates them", key)
+    finally:
+        log.close()
 
 
 def _is_log(key: str) -> bool:
