@@ -25,6 +25,7 @@ import contextlib
 import functools
 import json
 import logging
+import operator
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -49,7 +50,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 if TYPE_CHECKING:  # langgraph-checkpoint 4.1+; older releases have no delta channels to serve
     from langgraph.checkpoint.base import DeltaChannelHistory
 
-from ckptfs.errors import ConfigError, CorruptFileError
+from ckptfs.errors import ConfigError, CorruptFileError, UnreadableFileError
 from ckptfs.integrations.langgraph import codec as fmt
 from ckptfs.integrations.langgraph.keys import (
     lg_checkpoint_key,
@@ -80,7 +81,7 @@ from ckptfs.integrations.langgraph.ownership import (
 from ckptfs.integrations.langgraph.versions import kind_of, next_version, remember_kind
 from ckptfs.storage.base import Storage
 from ckptfs.storage.local import LocalStorage
-from ckptfs.storage.logstore import LogStorage
+from ckptfs.storage.logstore import Damage, LogStorage
 from ckptfs.storage.registry import open_storage
 
 logger = logging.getLogger(__name__)
@@ -140,6 +141,24 @@ class _Plan:
 def _writes_of(ns_prefix: str, checkpoint_key: str) -> str:
     """`lg_writes_prefix` of the checkpoint a key names, from the key (no decode, no encode)."""
     return f"{ns_prefix}writes/{checkpoint_key.rsplit('/', 1)[1]}/"
+
+
+def _damage_point(prefix: str, damage: Damage) -> str | None:
+    """The checkpoint key from which on a namespace's history is in doubt because of one damaged
+    record of its log (`LogStorage.damage(prefix, prefix + "ckpt/")`): a reader must not pass it
+    without saying so. A checkpoint's own record: that checkpoint. A pending write's: the
+    checkpoint it is filed under. One whose key is unreadable: the checkpoint written last
+    before it (checkpoint ids are named in time order, so it may have been the next checkpoint
+    or one of that one's pending writes); "" when none was (it may have been any). None for
+    other keys (a held version: every read of it raises by itself)."""
+    if damage.key is None:
+        return damage.after or ""
+    rest = damage.key[len(prefix):]
+    if rest.startswith(_CKPT):
+        return damage.key
+    if rest.startswith("writes/"):
+        return f"{prefix}{_CKPT}{rest.split('/', 2)[1]}"
+    return None
 
 
 def _of_run(run_id: str) -> Callable[[Sequence[Loaded]], set[str]]:
@@ -485,6 +504,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                         # read plans copied from S3 (a mirror) sort last: the newest checkpoint is below
                         keys = _checkpoint_keys(self.storage.list(prefix + _CKPT))
                         last = keys[-1] if keys else None
+                        self._refuse_doubt(prefix, operator.ge, last or "")
                         newest = None if last is None else (
                             last, self.storage.get(last), self.storage.list(_writes_of(prefix, last)))
                 except FileNotFoundError:
@@ -507,9 +527,33 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             try:
                 by_id = self._read_with_writes(prefix, key)
             except FileNotFoundError:
+                # absent, or lost to a damaged record written after an older checkpoint's?
+                self._refuse_doubt(prefix, operator.lt, key)
                 return None
+            self._refuse_doubt(prefix, operator.eq, key)  # its pending writes
             return self._tuple(thread_id, *by_id)
         return None
+
+    def _doubts(self, prefix: str) -> list[tuple[str, CorruptFileError]]:
+        """(`_damage_point`, the error to raise) of each damaged record of the namespace's log,
+        as the read or listing just made saw it; none off local disk or in a log without damage
+        (one look at its index, not at the file again: get_tuple by id pays ~1 us for this)."""
+        if not isinstance(self.storage, LogStorage):
+            return []
+        out = []
+        for damage in self.storage.damage(prefix, prefix + _CKPT, sync=False):  # as just read
+            point = _damage_point(prefix, damage)
+            if point is not None:
+                out.append((point, damage.error("; what it may hide in this thread's history is not "
+                                                "known, so it is not skipped in silence")))
+        return out
+
+    def _refuse_doubt(self, prefix: str, test: Callable[[str, str], bool], key: str) -> None:
+        """Raise the error of the first damaged record of the namespace whose point passes
+        `test(point, key)`."""
+        for point, error in self._doubts(prefix):
+            if test(point, key):
+                raise error
 
     def _read_with_writes(self, prefix: str, key: str) -> tuple[Loaded, list[str] | None]:
         """A checkpoint object and (remote storage) the keys of its pending writes, listed while
@@ -614,7 +658,18 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        """Newest first. Only keys are listed up front; objects are read until `limit` matches."""
+        """Newest first. Only keys are listed up front; objects are read until `limit` matches.
+
+        Damage is not skipped in silence: what is intact and newer than a damaged record of a
+        namespace's log is yielded, then, where that record's checkpoint (or the one its
+        pending write is filed under; for a record whose key is unreadable, the one written
+        before it) would come, CorruptFileError names the log and the byte, as at the end of
+        the history when the damage lies below everything listed. A history that goes on past
+        a missing checkpoint (whose successor's `parent_config` still names it) would tell
+        its reader something false; what came before the damage was true and stays so. A
+        listing of every thread (`config=None`) skips a namespace whose log is a symbolic
+        link or a FIFO, with a warning naming it: nothing ckptfs wrote can be there (it never
+        writes through a link), as a linked thread directory is none of its threads."""
         if config is not None:
             thread_ids = [self._ids(config)[0]]
             ns_filter = (config.get("configurable") or {}).get("checkpoint_ns")
@@ -625,6 +680,8 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         if limit is not None and limit <= 0:
             return
         found: list[tuple[str, str, str, str]] = []  # (checkpoint id, thread, ns prefix, key)
+        # per namespace, the greatest point its damage puts in doubt (`_damage_point`)
+        frontier: dict[str, tuple[str, CorruptFileError]] = {}
         for thread_id in thread_ids:
             if ns_filter is not None:
                 prefixes = [lg_ns_prefix(thread_id, str(ns_filter))]
@@ -632,17 +689,40 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 tp = lg_thread_prefix(thread_id)
                 prefixes = [f"{tp}{seg}/" for seg in self.storage.list_dirs(tp)]
             for prefix in prefixes:
-                for key in _checkpoint_keys(self.storage.list(prefix + _CKPT)):
+                try:
+                    keys = _checkpoint_keys(self.storage.list(prefix + _CKPT))
+                    doubts = self._doubts(prefix)
+                except UnreadableFileError as exc:
+                    if config is not None:
+                        raise
+                    logger.warning("namespace %s skipped: %s", prefix, exc)
+                    continue
+                if id_filter is not None:
+                    wanted = prefix + _CKPT + lg_encode(id_filter)
+                    present = wanted in keys
+                    for point, error in doubts:  # as get_tuple by id (`_get_tuple`)
+                        if point == wanted or (not present and point < wanted):
+                            raise error
+                    doubts = []
+                for key in keys:
                     cid = lg_decode(key.rsplit("/", 1)[1])
                     if id_filter is not None and cid != id_filter:
                         continue
                     if before_id is not None and cid >= before_id:
                         continue
                     found.append((cid, thread_id, prefix, key))
+                bound = None if before_id is None else prefix + _CKPT + lg_encode(before_id)
+                for point, error in doubts:
+                    if (bound is None or point < bound) and (
+                            prefix not in frontier or point > frontier[prefix][0]):
+                        frontier[prefix] = (point, error)
         found.sort(reverse=True)
         writes_index: dict[str, dict[str, list[str]]] = {}
         remaining = limit
         for cid, thread_id, prefix, key in found:
+            doubt = frontier.get(prefix) if frontier else None
+            if doubt is not None and key <= doubt[0]:
+                raise doubt[1]  # this one is intact, but what the damage hid came before it
             try:
                 loaded = self._read(key)
             except FileNotFoundError:
@@ -657,6 +737,8 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 remaining -= 1
                 if remaining <= 0:
                     return
+        for _point, error in frontier.values():
+            raise error  # below every checkpoint listed: the history may have gone further back
 
     def get_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]
