@@ -118,3 +118,23 @@ def test_a_linked_or_fifo_log_is_one_finding_and_the_rest_is_checked(
     assert "FIFO" in findings["langgraph/threads/ff/_/.records"]["message"]
     assert findings["langgraph/threads/t2/_/.records"]["code"] == "lg-damaged-record"
     assert set(findings) - {None} == {f"langgraph/threads/{t}/_/.records" for t in ("zz", "ff", "t2")}
+
+
+def test_threads_lists_the_other_threads_past_a_linked_or_fifo_log(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`ckptfs threads` stopped at the first namespace whose log is a link or a FIFO (exit 1,
+    nothing listed): now that namespace is skipped with a warning naming it."""
+    url = str(tmp_path / "s")
+    saver = CkptfsSaver(url)
+    _put_chain(saver, "t1", 3)
+    saver.close()
+    threads = tmp_path / "s" / "langgraph" / "threads"
+    (threads / "zz" / "_").mkdir(parents=True)
+    (threads / "zz" / "_" / ".records").symlink_to("../../t1/_/.records")
+    (threads / "ff" / "_").mkdir(parents=True)
+    os.mkfifo(threads / "ff" / "_" / ".records")
+    assert cli_main(["threads", url, "--json"]) == 0
+    captured = capsys.readouterr()
+    assert [r["thread_id"] for r in json.loads(captured.out)["threads"]] == ["t1"]
+    assert "langgraph/threads/zz/_/ skipped" in captured.err and "symbolic link" in captured.err
+    assert "langgraph/threads/ff/_/ skipped" in captured.err and "FIFO" in captured.err

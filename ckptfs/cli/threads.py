@@ -20,9 +20,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfs.cli._common import EXIT_OK, CliError, emit_json, out
+from ckptfs.cli._common import EXIT_OK, CliError, emit_json, out, warn
 from ckptfs.cli._render import Col, age, print_table, timestamp
-from ckptfs.errors import CkptfsError
+from ckptfs.errors import CkptfsError, UnreadableFileError
 from ckptfs.storage.base import Storage
 
 _UUID_EPOCH = 0x01B21DD213814000  # 1582-10-15 in 100 ns units before 1970-01-01
@@ -87,8 +87,13 @@ def _namespaces(storage: Storage, thread_seg: str) -> Iterator[list[Namespace]]:
             ns = Namespace("" if seg == "_" else lg_decode(seg[1:]) if seg.startswith("_") else seg)
             reader: Storage = storage
             if any(k.endswith("/" + LOG_NAME) for k in gkeys):
-                for k in gkeys:  # a private copy: reading never touches the store's log
-                    local.put(k, storage.get(k))
+                try:
+                    copies = [(k, storage.get(k)) for k in gkeys]
+                except UnreadableFileError as exc:  # a link or a FIFO at the log: not a thread of ours
+                    warn(f"namespace {group} skipped: {exc} (see `ckptfs verify`)")
+                    continue
+                for k, data in copies:  # a private copy: reading never touches the store's log
+                    local.put(k, data)
                 view = LogStorage(local, lg_group_of)  # type: ignore[arg-type]
                 gkeys = view.list(group)
                 reader = view
