@@ -12,16 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from ckptfs.cli._common import (
-    EXIT_OK,
-    EXIT_PROBLEMS,
-    CliError,
-    emit_json,
-    err,
-    out,
-    run_not_found,
-    warn,
-)
+from ckptfs.cli._common import EXIT_OK, EXIT_PROBLEMS, CliError, emit_json, err, out, run_not_found, warn
 from ckptfs.cli._options import add_json_arg, add_store_args, open_existing, store_target
 
 if TYPE_CHECKING:

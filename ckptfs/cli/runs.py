@@ -12,16 +12,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from ckptfs.cli._common import (
-    EXIT_OK,
-    EXIT_PROBLEMS,
-    CliError,
-    emit_json,
-    err,
-    out,
-    run_not_found,
-    warn,
-)
+from ckptfs.cli._common import EXIT_OK, EXIT_PROBLEMS, CliError, emit_json, err, out, run_not_found, warn
 from ckptfs.cli._options import add_json_arg, add_store_args, open_existing, store_target
 from ckptfs.cli._render import Col, age, count, fit_line, money, print_table, timestamp, version_list
 
