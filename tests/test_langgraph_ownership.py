@@ -372,3 +372,71 @@ def test_a_slow_write_with_nobody_in_its_place_is_acknowledged(s3: Any) -> None:
     assert [h.metadata["by"] for h in _history(url, s3.storage_options)] == ["a3", "a2-slow", "a1"]
     lease = read_thread_lease(open_storage(url, s3.storage_options), "t")
     assert lease is not None and lease.generation == 1 and lease.released
+
+
+def test_a_write_in_flight_keeps_its_lease_however_long_it_takes(tmp_path: Path) -> None:
+    """The keeper gave a lease back as idle in the middle of a write longer than lease_idle
+    (idle was counted from when the write began): the write was then refused, and another
+    process could take the thread at once (a hostile review). A write in flight is use."""
+    storage = open_storage(str(tmp_path / "s"))
+    a = ThreadLeases(storage, ttl=2.0, idle=0.5, holder="A")
+    b = ThreadLeases(open_storage(str(tmp_path / "s")), ttl=2.0, idle=5.0, holder="B")
+    try:
+        generation = a.begin("t")
+        time.sleep(1.6)  # the write: three idle periods, renewals getting through
+        with pytest.raises(ThreadBusyError):
+            b.ensure("t")  # A's lease is live, not given back
+        a.end("t", generation)  # acknowledged: nobody took it over, it was never let go
+        lease = read_thread_lease(storage, "t")
+        assert lease is not None and lease.holder == "A" and not lease.released
+        time.sleep(1.2)  # once the write is over, idle counts again
+        lease = read_thread_lease(storage, "t")
+        assert lease is not None and lease.released
+    finally:
+        a.close()
+        b.close()
+
+
+class _Stalling:
+    """A storage whose conditional writes and reads fail while `stalled` (a stalled link)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.stalled = inner, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def put_if_match(self, *args: Any, **kwargs: Any) -> Any:
+        if self.stalled:
+            raise OSError("link stalled")
+        return self.inner.put_if_match(*args, **kwargs)
+
+    def get_with_etag(self, *args: Any, **kwargs: Any) -> Any:
+        if self.stalled:
+            raise OSError("link stalled")
+        return self.inner.get_with_etag(*args, **kwargs)
+
+
+def test_a_write_is_not_confirmed_by_a_lease_taken_again_after_it_began(tmp_path: Path) -> None:
+    """A write began under generation 1; its link stalled, B took the thread over and let it
+    go, and another task of the same process took it again (generation 3). The first write,
+    landing late, was confirmed by the new lease: a fork acknowledged (a hostile review)."""
+    url = str(tmp_path / "s")
+    stalling = _Stalling(open_storage(url))
+    a = ThreadLeases(stalling, ttl=1.0, idle=100, holder="A")  # type: ignore[arg-type]
+    b = ThreadLeases(open_storage(url), ttl=1.0, idle=100, holder="B")
+    try:
+        first = a.begin("t")
+        stalling.stalled = True
+        b.ensure("t", wait=5)  # a ttl of silence: taken over
+        b.release("t")
+        stalling.stalled = False
+        a.reread("t")
+        second = a.begin("t")  # another task of process A writes the thread anew
+        assert second > first
+        with pytest.raises(ThreadBusyError, match="changed hands while the write was in flight"):
+            a.end("t", first)
+        a.end("t", second)  # the second task's write is its own: acknowledged
+    finally:
+        a.close()
+        b.close()

@@ -8,7 +8,8 @@ step leases (`ckptfs/store/leases.py`), applied to threads:
 * **Held while written.** The first write of a thread (put, put_writes, and the maintenance
   calls) creates the lease exclusively (If-None-Match); a background keeper renews it by
   compare-and-swap (If-Match) every ttl/4 and releases it (CAS, marked released, never deleted)
-  once the thread has gone `idle` seconds without a write, on `close()`, and at exit.
+  once the thread has gone `idle` seconds without a write (one in flight between `begin` and
+  `end` is use, however long it takes), on `close()`, and at exit.
 * **A second writer is refused, or waits.** A process that finds a live lease of another gets
   `ThreadBusyError` naming the thread and the holder; with `busy_timeout` it first waits that
   long for the holder to let go. "Live" is observed: the record changed (a renewal) while the
@@ -108,6 +109,7 @@ class _Held:
     last_use: float
     lost_to: str | None = None  # set when another holder was found in our place
     lost: bool = False
+    inflight: int = 0  # writes between `begin` and `end`: the keeper does not idle the lease out
 
 
 _holder_pid = 0
@@ -205,6 +207,32 @@ class ThreadLeases:
 
     # ------------------------------------------------------------------------------ writes
 
+    def begin(self, thread_id: str, *, wait: float = 0.0, fresh: bool = False) -> int:
+        """`ensure`, for a write that `end` closes: until then the lease is in use however long
+        the write takes (the keeper does not give it back as idle). Returns the generation the
+        write begins under, which `end` checks."""
+        self.ensure(thread_id, wait=wait, fresh=fresh)
+        with self._lock:
+            held = self._held.get(thread_id)
+            if held is None or held.lost:  # lost in the instant since ensure: as ensure would say
+                raise ThreadBusyError(thread_id, held.lost_to if held else None,
+                                      "its lease was lost as the write began; read the thread "
+                                      "again (a new invoke) before writing")
+            held.inflight += 1
+            held.last_use = self.clock()
+            return held.generation
+
+    def end(self, thread_id: str, generation: int, *, confirm: bool = True) -> None:
+        """The write `begin` opened is over (done, or failed: `confirm=False`); with `confirm`,
+        ThreadBusyError unless the lease held all through it (`confirm`)."""
+        with self._lock:
+            held = self._held.get(thread_id)
+            if held is not None and held.generation == generation and held.inflight > 0:
+                held.inflight -= 1
+                held.last_use = self.clock()
+        if confirm:
+            self.confirm(thread_id, generation)
+
     def ensure(self, thread_id: str, *, wait: float = 0.0, fresh: bool = False) -> None:
         """Return once this process holds the thread; ThreadBusyError if another does.
 
@@ -232,8 +260,10 @@ class ThreadLeases:
                                       "before writing")
             self._acquire(thread_id, wait, fresh)
 
-    def confirm(self, thread_id: str) -> None:
-        """After a write returned: ThreadBusyError unless this process held the thread all along.
+    def confirm(self, thread_id: str, generation: int | None = None) -> None:
+        """After a write returned: ThreadBusyError unless this process held the thread all along
+        (in `generation`, the one the write began under, when given: a lease lost and taken
+        again meanwhile, by another task of this process, says nothing of the time between).
 
         A write can outlast the lease it started under: storage retrying 503s, a congested
         link (the keeper's renewals are as slow as the write). A successor may then have taken
@@ -245,12 +275,17 @@ class ThreadLeases:
         nothing about the time the write was in flight. The write itself may be stored; it is
         then on a branch of its own that the successor's checkpoints, newer, supersede.
         """
-        if self._fast(thread_id):
+        if self._fast(thread_id, generation):
             return
         why = "the write returned after this process's lease ran out (slow storage?)"
         with self._thread_lock(thread_id):
             with self._lock:
                 held = self._held.get(thread_id)
+            if held is not None and generation is not None and held.generation != generation:
+                raise ThreadBusyError(thread_id, held.lost_to, f"the lease changed hands while the "
+                                      f"write was in flight (generation {generation} -> "
+                                      f"{held.generation}); the write is not acknowledged: read "
+                                      "the thread again (a new invoke) before writing")
             if held is not None and not held.lost:
                 try:
                     self._renew(held)
@@ -270,11 +305,12 @@ class ThreadLeases:
                               "checkpoints supersede): read the thread again (a new invoke) "
                               "before writing")
 
-    def _fast(self, thread_id: str) -> bool:
+    def _fast(self, thread_id: str, generation: int | None = None) -> bool:
         now = self.clock()
         with self._lock:
             held = self._held.get(thread_id)
-            if held is not None and not held.lost and now < held.deadline:
+            if (held is not None and not held.lost and now < held.deadline
+                    and (generation is None or held.generation == generation)):
                 held.last_use = now
                 return True
         return False
@@ -499,7 +535,7 @@ class ThreadLeases:
                 held = self._held.get(thread_id)
                 if held is None or held.lost:
                     return
-                idle = self.clock() - held.last_use >= self.idle
+                idle = held.inflight == 0 and self.clock() - held.last_use >= self.idle
                 if idle:
                     del self._held[thread_id]
             if idle:

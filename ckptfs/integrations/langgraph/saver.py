@@ -819,55 +819,54 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         thread_id, ns, parent = self._ids(config)
         checkpoint_id = str(checkpoint["id"])
         key = lg_checkpoint_key(thread_id, ns, checkpoint_id)
-        self._own(thread_id)
-        c: dict[str, Any] = dict(checkpoint)
-        values: dict[str, Any] = c.pop("channel_values", None) or {}
-        versions: ChannelVersions = c.get("channel_versions") or {}
-        parent_refs = self._parent_refs(thread_id, ns, parent)
-        refs: dict[str, Ref] = {}
-        parts: list[fmt.Part] = []
-        fresh: list[tuple[str, tuple[str, bytes, int]]] = []
-        for channel, version in versions.items():
-            prev = parent_refs.get(channel)
-            if channel not in new_versions:
-                if prev is not None and prev[1] == version:
-                    refs[channel] = prev
-                    continue
+        with self._writing(thread_id):
+            c: dict[str, Any] = dict(checkpoint)
+            values: dict[str, Any] = c.pop("channel_values", None) or {}
+            versions: ChannelVersions = c.get("channel_versions") or {}
+            parent_refs = self._parent_refs(thread_id, ns, parent)
+            refs: dict[str, Ref] = {}
+            parts: list[fmt.Part] = []
+            fresh: list[tuple[str, tuple[str, bytes, int]]] = []
+            for channel, version in versions.items():
+                prev = parent_refs.get(channel)
+                if channel not in new_versions:
+                    if prev is not None and prev[1] == version:
+                        refs[channel] = prev
+                        continue
+                    if channel not in values:
+                        continue  # nothing known for it: LangGraph treats the channel as empty
                 if channel not in values:
-                    continue  # nothing known for it: LangGraph treats the channel as empty
-            if channel not in values:
-                refs[channel] = [None, version]
-                continue
-            typ, raw = self.serde.dumps_typed(values[channel])
-            part = self._encode_part(thread_id, ns, channel, typ, raw, prev)
-            parts.append(part)
-            refs[channel] = [checkpoint_id, version]
-            fresh.append((channel, (typ, raw, part.depth)))
-        ct, cbytes = self.serde.dumps_typed(c)
-        md = get_checkpoint_metadata(config, metadata)
-        mt, mbytes = self.serde.dumps_typed(md)
-        run_id = md.get("run_id")
-        header = {
-            "kind": "checkpoint", "id": checkpoint_id, "ns": ns, "parent": parent,
-            "run_id": str(run_id) if run_id is not None else None,
-            "delta_channels": "counters_since_delta_snapshot" in md,
-            "ct": ct, "co": 0, "cn": len(cbytes), "mt": mt, "mo": len(cbytes), "mn": len(mbytes),
-            "refs": refs,
-        }
-        data = fmt.pack(header, cbytes + mbytes, parts)
-        if run_id is not None:
-            self._mark_run(str(run_id), thread_id, ns)
-        plan = self._plan_for(thread_id, ns, checkpoint_id, refs, parts, fresh) if self._remote else None
-        filed = self._beside(functools.partial(self._file_plan, thread_id, ns, plan)) if plan else None
-        try:
-            self.storage.put_if_absent(key, data)
-        except FileExistsError:
-            logger.debug("checkpoint %s stored again: replacing it", checkpoint_id)
-            self.storage.put(key, data)
-        finally:
-            if filed is not None:
-                filed.result()
-        self._confirm(thread_id)
+                    refs[channel] = [None, version]
+                    continue
+                typ, raw = self.serde.dumps_typed(values[channel])
+                part = self._encode_part(thread_id, ns, channel, typ, raw, prev)
+                parts.append(part)
+                refs[channel] = [checkpoint_id, version]
+                fresh.append((channel, (typ, raw, part.depth)))
+            ct, cbytes = self.serde.dumps_typed(c)
+            md = get_checkpoint_metadata(config, metadata)
+            mt, mbytes = self.serde.dumps_typed(md)
+            run_id = md.get("run_id")
+            header = {
+                "kind": "checkpoint", "id": checkpoint_id, "ns": ns, "parent": parent,
+                "run_id": str(run_id) if run_id is not None else None,
+                "delta_channels": "counters_since_delta_snapshot" in md,
+                "ct": ct, "co": 0, "cn": len(cbytes), "mt": mt, "mo": len(cbytes), "mn": len(mbytes),
+                "refs": refs,
+            }
+            data = fmt.pack(header, cbytes + mbytes, parts)
+            if run_id is not None:
+                self._mark_run(str(run_id), thread_id, ns)
+            plan = self._plan_for(thread_id, ns, checkpoint_id, refs, parts, fresh) if self._remote else None
+            filed = self._beside(functools.partial(self._file_plan, thread_id, ns, plan)) if plan else None
+            try:
+                self.storage.put_if_absent(key, data)
+            except FileExistsError:
+                logger.debug("checkpoint %s stored again: replacing it", checkpoint_id)
+                self.storage.put(key, data)
+            finally:
+                if filed is not None:
+                    filed.result()
         for channel, item in fresh:
             self._values.put((thread_id, ns, checkpoint_id, channel), item)
         with self._lock:
@@ -961,17 +960,16 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         thread_id, ns, checkpoint_id = self._ids(config)
         if checkpoint_id is None:
             raise ValueError("put_writes needs config['configurable']['checkpoint_id']")
-        self._own(thread_id)
-        regular = sorted((i for i in items if i[0] >= 0), key=lambda i: i[0])
-        special = [i for i in items if i[0] < 0]
-        if regular:
-            key = lg_write_key(thread_id, ns, checkpoint_id, task_id, lg_write_slot(regular[0][0]))
-            with contextlib.suppress(FileExistsError):
-                self.storage.put_if_absent(key, self._pack_writes(task_id, task_path, regular))
-        for item in special:
-            key = lg_write_key(thread_id, ns, checkpoint_id, task_id, lg_write_slot(item[0]))
-            self.storage.put(key, self._pack_writes(task_id, task_path, [item]))
-        self._confirm(thread_id)
+        with self._writing(thread_id):
+            regular = sorted((i for i in items if i[0] >= 0), key=lambda i: i[0])
+            special = [i for i in items if i[0] < 0]
+            if regular:
+                key = lg_write_key(thread_id, ns, checkpoint_id, task_id, lg_write_slot(regular[0][0]))
+                with contextlib.suppress(FileExistsError):
+                    self.storage.put_if_absent(key, self._pack_writes(task_id, task_path, regular))
+            for item in special:
+                key = lg_write_key(thread_id, ns, checkpoint_id, task_id, lg_write_slot(item[0]))
+                self.storage.put(key, self._pack_writes(task_id, task_path, [item]))
 
     @staticmethod
     def _pack_writes(task_id: str, task_path: str, items: Sequence[tuple[int, str, str, bytes]]) -> bytes:
@@ -983,14 +981,14 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
 
     def delete_thread(self, thread_id: str) -> None:
         thread_id = str(thread_id)
-        self._own(thread_id, fresh=True)
-        keys = self.storage.list(lg_thread_prefix(thread_id))
-        # newest checkpoints first: whatever survives a crash midway still reads back whole
-        ckpts = sorted((k for k in keys if f"/{_CKPT}" in k), key=lambda k: k.rsplit("/", 1)[1],
-                       reverse=True)
-        self.storage.delete_many(ckpts)
-        ckpt_set = set(ckpts)
-        self.storage.delete_many([key for key in keys if key not in ckpt_set])
+        with self._writing(thread_id, fresh=True, confirm=False):
+            keys = self.storage.list(lg_thread_prefix(thread_id))
+            # newest checkpoints first: whatever survives a crash midway still reads back whole
+            ckpts = sorted((k for k in keys if f"/{_CKPT}" in k), key=lambda k: k.rsplit("/", 1)[1],
+                           reverse=True)
+            self.storage.delete_many(ckpts)
+            ckpt_set = set(ckpts)
+            self.storage.delete_many([key for key in keys if key not in ckpt_set])
         self._forget(thread_id)
 
     def _forget(self, thread_id: str, ns: str | None = None) -> None:
@@ -1111,9 +1109,9 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 except FileNotFoundError:
                     continue
                 thread_id, ns = str(info["thread_id"]), str(info["checkpoint_ns"])
-                self._own(thread_id, fresh=True)
-                self._remove(thread_id, lg_ns_prefix(thread_id, ns), _of_run(str(run_id)))
-                self.storage.delete(marker)
+                with self._writing(thread_id, fresh=True, confirm=False):
+                    self._remove(thread_id, lg_ns_prefix(thread_id, ns), _of_run(str(run_id)))
+                    self.storage.delete(marker)
             with self._lock:
                 self._run_markers = {m for m in self._run_markers if m[0] != str(run_id)}
 
@@ -1137,33 +1135,32 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"keep_last must be an integer >= 1 (use strategy='delete'), got {keep_last!r}")
         for thread_id in thread_ids:
-            self._own(str(thread_id), fresh=True)
-            for prefix in self._namespaces(str(thread_id)):
-                self._remove(str(thread_id), prefix, lambda items: {
-                    str(i.header["id"]) for i in items[:-n]})
+            with self._writing(str(thread_id), fresh=True, confirm=False):
+                for prefix in self._namespaces(str(thread_id)):
+                    self._remove(str(thread_id), prefix, lambda items: {
+                        str(i.header["id"]) for i in items[:-n]})
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every object byte for byte (they never name their thread); existing ones stay."""
         src, dst = lg_thread_prefix(str(source_thread_id)), lg_thread_prefix(str(target_thread_id))
-        self._own(str(target_thread_id), fresh=True)
-        keys = self.storage.list(src)
+        with self._writing(str(target_thread_id), fresh=True):
+            keys = self.storage.list(src)
 
-        def order(key: str) -> tuple[int, str]:
-            # holders and writes before the checkpoints that point at them, oldest first
-            return (1 if f"/{_CKPT}" in key else 0, key.rsplit("/", 1)[1])
+            def order(key: str) -> tuple[int, str]:
+                # holders and writes before the checkpoints that point at them, oldest first
+                return (1 if f"/{_CKPT}" in key else 0, key.rsplit("/", 1)[1])
 
-        for key in sorted(keys, key=order):
-            try:
-                data = self.storage.get(key)
-            except FileNotFoundError:
-                continue
-            if f"/{_CKPT}" in key and not lg_is_plan(key):
-                head = fmt.unpack(data, key, self.max_decoded_bytes).header
-                if head.get("run_id") is not None:
-                    self._mark_run(str(head["run_id"]), str(target_thread_id), str(head["ns"]))
-            with contextlib.suppress(FileExistsError):
-                self.storage.put_if_absent(dst + key[len(src):], data)
-        self._confirm(str(target_thread_id))
+            for key in sorted(keys, key=order):
+                try:
+                    data = self.storage.get(key)
+                except FileNotFoundError:
+                    continue
+                if f"/{_CKPT}" in key and not lg_is_plan(key):
+                    head = fmt.unpack(data, key, self.max_decoded_bytes).header
+                    if head.get("run_id") is not None:
+                        self._mark_run(str(head["run_id"]), str(target_thread_id), str(head["ns"]))
+                with contextlib.suppress(FileExistsError):
+                    self.storage.put_if_absent(dst + key[len(src):], data)
 
     # ------------------------------------------------------------------------------ async
 
@@ -1232,20 +1229,27 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         PostgresSaver started (migrated in), floats for floats."""
         return next_version(current)
 
-    def _own(self, thread_id: str, fresh: bool = False) -> None:
+    @contextlib.contextmanager
+    def _writing(self, thread_id: str, *, fresh: bool = False, confirm: bool = True) -> Iterator[None]:
+        """Hold the thread for one write (`ThreadLeases.begin`/`end`): the keeper does not give
+        it back as idle while the write is in flight, however long it takes, and with `confirm`
+        the write is acknowledged only if the lease held, in the generation it began under,
+        all through it (a write slower than the lease may have forked the thread); otherwise
+        ThreadBusyError, and the caller's in-memory state is left as it was."""
         if self.leases is None:
+            yield
             return
-        self.leases.ensure(thread_id, wait=self.busy_timeout, fresh=fresh)
+        generation = self.leases.begin(thread_id, wait=self.busy_timeout, fresh=fresh)
         with self._lock:
             self._wrote.add(thread_id)
             if len(self._wrote) > _MAX_WROTE:  # a long-lived saver: keep only what is still held
                 self._wrote &= set(self.leases.holding())
-
-    def _confirm(self, thread_id: str) -> None:
-        """After a write: acknowledge it only if this process held the thread all along
-        (`ThreadLeases.confirm`; a write slower than the lease may have forked the thread)."""
-        if self.leases is not None:
-            self.leases.confirm(thread_id)
+        done = False
+        try:
+            yield
+            done = True
+        finally:
+            self.leases.end(thread_id, generation, confirm=done and confirm)
 
     def release(self, thread_id: str | None = None) -> None:
         """Give a thread (default: every thread this saver wrote) back now, so another process
