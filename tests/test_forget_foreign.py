@@ -36,7 +36,16 @@ def test_forget_keeps_and_names_files_that_are_not_ckptfs(tmp_path: Path) -> Non
         root / "runs" / "r" / "notes" / "mine.txt": b"my notes",
         root / "runs" / "r" / "log" / "junkname": b"junk",
         root / "runs" / "r" / "log" / "000000000099.ckpt" / "foo": b"inside a dir at a key",
+        # not a lease because it sits in lease/, not a temp file because its name says .tmp-
+        root / "runs" / "r" / "lease" / "my-notes.txt": b"notes",
+        root / "runs" / "r" / "lease" / "sub" / "deep.txt": b"deep",
+        root / "runs" / "r" / "my.tmp-backup": b"a backup",
+        root / "runs" / "r" / "notes" / "draft.tmp-1": b"a draft",
     }
+    ours_temp = root / "runs" / "r" / "log" / ".000000000098.ckpt.tmp-1a2b"  # what a killed write leaves
+    ours_temp.write_bytes(b"half")
+    ours.append(ours_temp)
+    ours.sort()
     for path, data in foreign.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
@@ -44,7 +53,9 @@ def test_forget_keeps_and_names_files_that_are_not_ckptfs(tmp_path: Path) -> Non
     assert dry.returncode == 0, dry.stderr
     doc = json.loads(dry.stdout)
     assert sorted(doc["deleted"]) == sorted(str(p.relative_to(root)) for p in ours)
-    assert {k["key"] for k in doc["kept"]} >= {"runs/r/notes/mine.txt", "runs/r/log/junkname"}
+    assert {k["key"] for k in doc["kept"]} >= {
+        "runs/r/notes/mine.txt", "runs/r/log/junkname", "runs/r/lease/my-notes.txt",
+        "runs/r/lease/sub/deep.txt", "runs/r/my.tmp-backup", "runs/r/notes/draft.tmp-1"}
     done = _ckptfs("forget", str(root), "r")
     assert done.returncode == 0, done.stderr
     assert f"deleted {len(ours)} file(s)" in done.stdout

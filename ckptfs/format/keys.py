@@ -24,6 +24,10 @@ from ckptfs.format.models import validate_id
 RUNS = "runs"
 ARTIFACTS = "artifacts/sha256"
 TEMP_MARKER = ".tmp-"  # in the name of a file being written: never a finished key
+# The temp names ckptfs itself makes, `.<name>.tmp-<hex>` (storage/local.py, storage/logfile.py):
+# what forget deletes and verify calls a temp file. Another name with the marker in it (a
+# user's `notes.tmp-old`) is not ours: a stray, reported, never deleted.
+_OUR_TEMP = re.compile(r"\..+\.tmp-[0-9a-f]+")
 LEASE_DIR = "lease"  # runs/<run>/lease/: workers' claims, not checkpoint state
 
 # Namespaces other writers keep beside runs/ (root folder -> the module that checks and copies
@@ -148,13 +152,24 @@ def run_dirs(names: Iterable[str]) -> tuple[list[str], list[tuple[str, str]]]:
     return ids, odd
 
 
+def _is_lease_name(parts: list[str]) -> bool:
+    """runs/<run>/lease/<step id>.lease, as `lease_key` names them; nothing deeper, nothing else."""
+    if len(parts) != 4 or not parts[3].endswith(".lease"):
+        return False
+    try:
+        validate_id(parts[3][: -len(".lease")], "step id")
+    except InvalidIdError:
+        return False
+    return True
+
+
 def classify(keys: Iterable[str]) -> StoreListing:
     """Sort listed keys (relative to the store root) into a StoreListing."""
     out = StoreListing()
     bad_runs: set[str] = set()
     for key in keys:
         parts = key.split("/")
-        if TEMP_MARKER in parts[-1]:
+        if _OUR_TEMP.fullmatch(parts[-1]):
             out.temp.append(key)
             continue
         if parts[0] == RUNS and len(parts) >= 3:
@@ -167,7 +182,10 @@ def classify(keys: Iterable[str]) -> StoreListing:
                     out.strays.append((f"{RUNS}/{rid}/", f"not a run directory: {exc}", None))
                 continue
             if parts[2] == LEASE_DIR:
-                out.leases.append(key)
+                if _is_lease_name(parts):
+                    out.leases.append(key)
+                else:
+                    out.strays.append((key, "not a ckptfs lease (unexpected name)", rid))
                 continue
             rf = parse_run_key(key)
             if rf is not None:
