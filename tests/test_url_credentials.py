@@ -74,3 +74,18 @@ def test_no_command_prints_credentials_from_a_url(tmp_path: Path, level: str) ->
         assert proc.returncode == 2, (argv, proc.returncode, out[-400:])
         assert not _leaked(out), (argv, _leaked(out), out[-400:])
         assert "s3://***@bucket/store" in out, (argv, out[-400:])
+
+
+@pytest.mark.parametrize("url", ["s3://:SECRETPART@bucket/p", "s3://bucket/p?secret=SECRETPART",
+                                 "s3://SECRETPART@bucket/p", "gs://SECRETPART@b/p",
+                                 "https://SECRETPART@host/x"])
+@pytest.mark.parametrize("level", ["", "-vvv", "--json"])
+def test_a_url_in_a_usage_error_is_redacted_too(tmp_path: Path, url: str, level: str) -> None:
+    """argparse echoes a bad argument ("invalid choice: 's3://...'"), and --json echoed the
+    command word: an empty user (":secret@"), a bare user (a token) or a query string passed
+    the CLI's scrubber, which now shows every URL in a line as redact_url does."""
+    for argv in (["config", url], [url], ["runs", url]):
+        proc = subprocess.run([CLI, *([level] if level else []), *argv], capture_output=True,
+                              text=True, timeout=60, cwd=tmp_path)
+        assert proc.returncode == 2, (argv, proc.returncode)
+        assert "SECRETPART" not in proc.stdout + proc.stderr, (argv, proc.stdout, proc.stderr)

@@ -120,7 +120,7 @@ def fail(kind: str, message: str, code: int | None = None, extra: dict[str, Any]
     label = "corrupt" if kind == "corrupt" else "error"
     err().print(Text.assemble((f"{label}: ", "red"), message), soft_wrap=True)
     if Output.json:
-        emit_json({"command": Output.command, **(extra or {}), "ok": False,
+        emit_json({"command": SCRUBBER.scrub(Output.command), **(extra or {}), "ok": False,
                    "error": {"code": kind, "message": message}, "exit_code": exit_code})
     return exit_code
 

@@ -21,6 +21,8 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ckptfs.storage.redact import redact_url
+
 # option keys whose values are credentials (a superset of storage.redact's: the access key id is
 # not a secret to AWS, but it names the account and the brief of this module is "nothing")
 _SECRET_OPTION = re.compile(r"secret|token|password|passwd|credential|session|signature|access_key|"
@@ -36,9 +38,11 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
                 r"[^'\"\s,&}]+"), r"\1***"),
     (re.compile(r"((?:aws_secret_access_key|aws_session_token|aws_access_key_id|secret_key|access_key)"
                 r"['\"]?\s*[:=]\s*['\"]?)[^'\"\s,}]+", re.I), r"\1***"),
-    # user:secret@ in a URL, the secret possibly holding '/' or '@' (so up to the last '@')
-    (re.compile(r"(://)[^/@\s:]+:\S*@"), r"\1***@"),
 )
+# Any URL in a line (an argparse "invalid choice: 's3://...'" too) is shown as redact_url shows
+# it, the one rule for credentials in a URL: user:secret@ whatever the secret holds ('/', '@'),
+# a bare user (a token, a key id), an empty user (":secret@"), and the query string.
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]+")
 
 
 def secret_values(options: Mapping[str, Any] | None = None,
@@ -112,7 +116,7 @@ class Scrubber:
                 text = text.replace(value, "***")
         for pattern, repl in _PATTERNS:
             text = pattern.sub(repl, text)
-        return text
+        return _URL.sub(lambda m: redact_url(m.group(0)), text)
 
 
 SCRUBBER = Scrubber()
