@@ -66,6 +66,26 @@ def test_export_to_an_output_that_cannot_be_a_file_is_exit_2(store: Path, tmp_pa
     assert '"version": 2' in good.read_text() and files_under(tmp_path) == [good]
 
 
+def test_export_into_a_fifo_writes_in_place_and_never_replaces_it(store: Path, tmp_path: Path) -> None:
+    """An --output that exists and is no regular file (a FIFO, /dev/stdout, a device) is written
+    in place: the write-beside-then-rename of a file renamed a regular file over /dev/full in a
+    review (as root), and reported success for a write that had no space."""
+    import os
+    import stat
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    code, _, err = cli("export", str(store), RUN, "--output", str(fifo))
+    reader.join(30)
+    assert code == 0, err
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)  # still the FIFO, not a file renamed over it
+    assert got and b'"run_id": "main"' in got[0]
+
+
 # ------------------------------------------------------------------------------------ mirror
 
 

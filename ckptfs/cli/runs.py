@@ -8,6 +8,7 @@ exit 2 ("unreachable"). Heavy imports happen inside the handlers: registering co
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from typing import TYPE_CHECKING, Any
@@ -425,8 +426,12 @@ def _output_path(given: str) -> Path:
     directory that does not exist, is bad input (exit 2 naming the path), not a traceback after
     the whole run was loaded. A symlink is followed, as a plain write would follow it."""
     import os
+    import stat
     from pathlib import Path
 
+    with contextlib.suppress(OSError):
+        if not stat.S_ISREG(mode := os.stat(given).st_mode) and not stat.S_ISDIR(mode):
+            return Path(given)  # /dev/stdout, a FIFO, a device: written in place, as given
     target = Path(os.path.realpath(given))
     if target.is_dir():
         raise CliError(f"--output {given}: is a directory; give a file name (e.g. "
@@ -439,10 +444,26 @@ def _output_path(given: str) -> Path:
 
 def _write_output(given: str, target: Path, text: str) -> None:
     """Write beside the target, then rename over it: a write that fails (no space, no
-    permission) leaves no half-written file and the old one, if any, as it was."""
+    permission) leaves no half-written file and the old one, if any, as it was.
+
+    Not when the target is there and is no regular file (/dev/stdout, a FIFO, a device): the
+    rename would replace the device node itself (a review renamed a file over /dev/full, as
+    root); such a target is written in place, and a failed write (ENOSPC) is an error too."""
     import contextlib
     import os
+    import stat
 
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        try:
+            with open(target, "w", encoding="utf-8") as out_file:
+                out_file.write(text)
+        except OSError as exc:
+            raise CliError(f"--output {given}: cannot write it: {exc.strerror or exc}") from None
+        return
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     created = False
     try:
