@@ -161,3 +161,10 @@ def test_restore_of_a_run_or_version_the_mirror_does_not_hold_is_exit_2(tmp_path
     code, doc, err = cli_json("restore", str(mirror), str(dst), "--run", RUN, "--version", "4",
                               "--no-progress")
     assert code == 0 and doc["runs"][0]["version"] == 4, err
+
+
+def test_show_of_a_version_the_run_does_not_have_names_the_ones_it_has(store: Path) -> None:
+    """It said only "version 99 is not available"; restore's refusal names what exists."""
+    code, out, err = cli("show", str(store), RUN, "--version", "99")
+    assert code == 2 and out == "", err
+    assert f"run {RUN!r} has no version 99" in err and "it has 3: v1, v2, v3" in err, err

@@ -200,7 +200,7 @@ def _leases(storage: Storage, state: RunState) -> dict[str, dict[str, Any]]:
 
 
 def _load(storage: Storage, run_id: str, version: int | None, artifacts: bool = True) -> RunState:
-    from ckptfs.errors import CheckpointCorruptError
+    from ckptfs.errors import CheckpointCorruptError, VersionNotFoundError
     from ckptfs.format.models import validate_id
     from ckptfs.maintenance.history import load_state
 
@@ -209,6 +209,15 @@ def _load(storage: Storage, run_id: str, version: int | None, artifacts: bool = 
     # state a load, and so a resume, returns; one damaged artifact makes that an earlier one.
     try:
         state = load_state(storage, run_id, version, artifacts=artifacts)
+    except VersionNotFoundError:
+        from ckptfs.maintenance.history import list_versions
+
+        have = [i.version for i in list_versions(storage, run_id)]
+        if not have:
+            raise run_not_found(run_id, storage.display_url) from None
+        raise CliError(f"run {run_id!r} has no version {version} that loads in "
+                       f"{storage.display_url}; it has {len(have)}: {version_list(have)} "
+                       "(`ckptfs versions` says which a restore can target)", kind="not-found") from None
     except CheckpointCorruptError as exc:
         # files exist but none loads (each was skipped with a warning naming it)
         first = exc.problems[0] if exc.problems else "no file could be read"
