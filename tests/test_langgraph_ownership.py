@@ -433,10 +433,98 @@ def test_a_write_is_not_confirmed_by_a_lease_taken_again_after_it_began(tmp_path
         stalling.stalled = False
         a.reread("t")
         second = a.begin("t")  # another task of process A writes the thread anew
-        assert second > first
+        assert second.generation > first.generation
         with pytest.raises(ThreadBusyError, match="changed hands while the write was in flight"):
             a.end("t", first)
         a.end("t", second)  # the second task's write is its own: acknowledged
     finally:
         a.close()
         b.close()
+
+
+def test_a_forked_child_is_not_its_parents_holder(tmp_path: Path) -> None:
+    """A child forked from a process holding a thread (or only holding a saver: gunicorn
+    --preload) wrote the thread as its parent's holder: both processes acknowledged, a forked
+    history (a hostile review). The child now has its own identity and none of the leases."""
+    url = str(tmp_path / "s")
+    saver = CkptfsSaver(url, lease_ttl=TTL)
+    cfg = _put(saver, BASE, "parent-1", 1)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its put must be refused, the parent holds the thread
+        os.close(r)
+        try:
+            _put(saver, cfg, "child", 2)
+            verdict = b"acknowledged"
+        except ThreadBusyError:
+            verdict = b"busy"
+        except BaseException as exc:  # anything else is a failure of the test, reported
+            verdict = repr(exc).encode()
+        os.write(w, verdict)
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        verdict = f.read()
+    os.waitpid(pid, 0)
+    assert verdict == b"busy", verdict
+    _put(saver, cfg, "parent-2", 3)  # the parent goes on as the thread's one writer
+    assert [h.metadata["by"] for h in _history(url, {})] == ["parent-2", "parent-1"]
+    saver.close()
+
+
+def test_another_savers_close_waits_for_a_write_in_flight(tmp_path: Path) -> None:
+    """Two savers of one process share their leases: a close() of one gave the lease back while
+    the other's write was in flight, so another process could take the thread at once, and the
+    write was refused (a hostile review). The release now waits for the write to end."""
+    url = str(tmp_path / "s")
+    a, b = CkptfsSaver(url, lease_ttl=TTL, lease_idle=60), CkptfsSaver(url, lease_ttl=TTL, lease_idle=60)
+    assert a.leases is b.leases
+    cfg = _put(b, BASE, "b-1", 1)
+    gate, inside = threading.Event(), threading.Event()
+    real = a.storage.put_if_absent
+
+    def held_put(key: str, data: bytes) -> str:
+        if "/ckpt/" in key:
+            inside.set()
+            gate.wait(30)
+        return real(key, data)
+
+    a.storage.put_if_absent = held_put  # type: ignore[method-assign]
+    outcome: dict[str, Any] = {}
+    writer = threading.Thread(target=lambda: outcome.update(cfg=_put(a, cfg, "a-2", 2)))
+    writer.start()
+    assert inside.wait(30)
+    b.close()  # another saver of this process closes while a's write is in flight
+    lease = read_thread_lease(open_storage(url), "t")
+    assert lease is not None and not lease.released  # not given away mid-write
+    gate.set()
+    writer.join(30)
+    assert "cfg" in outcome  # acknowledged
+    lease = read_thread_lease(open_storage(url), "t")
+    assert lease is not None and lease.released  # the close took effect once the write ended
+    a.storage.put_if_absent = real  # type: ignore[method-assign]
+    a.close()
+
+
+def test_end_counts_the_write_against_its_own_lease_not_a_later_one(tmp_path: Path) -> None:
+    """A lease dropped after failed renewals and taken again can have the same generation: the
+    first write's end() took the second write's in-flight count, and the keeper idled the lease
+    out under the second write (a hostile review). end() is given the lease object itself."""
+    storage = open_storage(str(tmp_path / "s"))
+    now = [1000.0]
+    leases = ThreadLeases(storage, ttl=2.0, idle=1.0, clock=lambda: now[0], sleep=lambda _s: None)
+    leases._start_keeper = lambda: None  # type: ignore[method-assign]  # beats driven by hand
+    first = leases.begin("t")
+    now[0] += 2.0
+    leases._failed("t", OSError("503"))  # renewals failed past the deadline: dropped
+    second = leases.begin("t")
+    assert second is not first and second.generation == first.generation
+    with pytest.raises(ThreadBusyError):
+        leases.end("t", first)  # its lease is gone: not acknowledged
+    assert second.inflight == 1  # the second write still counts as in flight
+    now[0] += 1.5
+    leases._beat("t")  # past lease_idle, but the second write is in flight: not idled out
+    lease = read_thread_lease(storage, "t")
+    assert lease is not None and not lease.released
+    leases.end("t", second)  # acknowledged
+    leases.close()

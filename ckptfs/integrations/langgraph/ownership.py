@@ -110,7 +110,11 @@ class _Held:
     lost_to: str | None = None  # set when another holder was found in our place
     lost: bool = False
     inflight: int = 0  # writes between `begin` and `end`: the keeper does not idle the lease out
+    release_pending: bool = False  # released while writes were in flight: given back after the last
 
+
+# What `begin` hands a write and `end` takes back: the lease object itself (opaque to callers).
+Tenure = _Held
 
 _holder_pid = 0
 _holder = ""
@@ -173,7 +177,22 @@ class ThreadLeases:
         self._thread_locks: dict[str, threading.Lock] = {}
         self._wake = threading.Event()
         self._keeper: threading.Thread | None = None
+        self._pid = os.getpid()
         _live.add(self)
+
+    def _forked(self) -> None:
+        """In a child of a fork: nothing of the parent's is ours. The parent's leases are held by
+        the parent (our copy of them would let the child write the parent's thread as if it were
+        its holder: two writers, both acknowledged, a forked history); the child gets its own
+        holder identity, and its locks and keeper anew (the parent's threads are gone)."""
+        self._pid = os.getpid()
+        self.holder = process_holder()
+        self._held = {}
+        self._known = {}
+        self._lock = threading.Lock()
+        self._thread_locks = {}
+        self._wake = threading.Event()
+        self._keeper = None
 
     # ----------------------------------------------------------------------------- records
 
@@ -207,10 +226,11 @@ class ThreadLeases:
 
     # ------------------------------------------------------------------------------ writes
 
-    def begin(self, thread_id: str, *, wait: float = 0.0, fresh: bool = False) -> int:
+    def begin(self, thread_id: str, *, wait: float = 0.0, fresh: bool = False) -> Tenure:
         """`ensure`, for a write that `end` closes: until then the lease is in use however long
-        the write takes (the keeper does not give it back as idle). Returns the generation the
-        write begins under, which `end` checks."""
+        the write takes (the keeper does not give it back as idle, a `release` waits for it).
+        Returns the tenure the write begins under, which `end` is given back: the very lease
+        object, not its generation, which a lease dropped and taken again can repeat."""
         self.ensure(thread_id, wait=wait, fresh=fresh)
         with self._lock:
             held = self._held.get(thread_id)
@@ -220,18 +240,23 @@ class ThreadLeases:
                                       "again (a new invoke) before writing")
             held.inflight += 1
             held.last_use = self.clock()
-            return held.generation
+            return held
 
-    def end(self, thread_id: str, generation: int, *, confirm: bool = True) -> None:
+    def end(self, thread_id: str, tenure: Tenure, *, confirm: bool = True) -> None:
         """The write `begin` opened is over (done, or failed: `confirm=False`); with `confirm`,
         ThreadBusyError unless the lease held all through it (`confirm`)."""
+        held = tenure
         with self._lock:
-            held = self._held.get(thread_id)
-            if held is not None and held.generation == generation and held.inflight > 0:
+            if held.inflight > 0:
                 held.inflight -= 1
-                held.last_use = self.clock()
-        if confirm:
-            self.confirm(thread_id, generation)
+            held.last_use = self.clock()
+            give_back = held.release_pending and held.inflight == 0 and self._held.get(thread_id) is held
+        try:
+            if confirm:
+                self.confirm(thread_id, held)
+        finally:
+            if give_back:
+                self.release(thread_id)
 
     def ensure(self, thread_id: str, *, wait: float = 0.0, fresh: bool = False) -> None:
         """Return once this process holds the thread; ThreadBusyError if another does.
@@ -260,10 +285,10 @@ class ThreadLeases:
                                       "before writing")
             self._acquire(thread_id, wait, fresh)
 
-    def confirm(self, thread_id: str, generation: int | None = None) -> None:
+    def confirm(self, thread_id: str, tenure: Tenure | None = None) -> None:
         """After a write returned: ThreadBusyError unless this process held the thread all along
-        (in `generation`, the one the write began under, when given: a lease lost and taken
-        again meanwhile, by another task of this process, says nothing of the time between).
+        (in `tenure`, the lease the write began under, when given: a lease lost and taken again
+        meanwhile, by another task of this process, says nothing of the time between).
 
         A write can outlast the lease it started under: storage retrying 503s, a congested
         link (the keeper's renewals are as slow as the write). A successor may then have taken
@@ -275,15 +300,15 @@ class ThreadLeases:
         nothing about the time the write was in flight. The write itself may be stored; it is
         then on a branch of its own that the successor's checkpoints, newer, supersede.
         """
-        if self._fast(thread_id, generation):
+        if self._fast(thread_id, tenure):
             return
         why = "the write returned after this process's lease ran out (slow storage?)"
         with self._thread_lock(thread_id):
             with self._lock:
                 held = self._held.get(thread_id)
-            if held is not None and generation is not None and held.generation != generation:
+            if held is not None and tenure is not None and held is not tenure:
                 raise ThreadBusyError(thread_id, held.lost_to, f"the lease changed hands while the "
-                                      f"write was in flight (generation {generation} -> "
+                                      f"write was in flight (generation {tenure.generation} -> "
                                       f"{held.generation}); the write is not acknowledged: read "
                                       "the thread again (a new invoke) before writing")
             if held is not None and not held.lost:
@@ -305,12 +330,12 @@ class ThreadLeases:
                               "checkpoints supersede): read the thread again (a new invoke) "
                               "before writing")
 
-    def _fast(self, thread_id: str, generation: int | None = None) -> bool:
+    def _fast(self, thread_id: str, tenure: Tenure | None = None) -> bool:
         now = self.clock()
         with self._lock:
             held = self._held.get(thread_id)
             if (held is not None and not held.lost and now < held.deadline
-                    and (generation is None or held.generation == generation)):
+                    and (tenure is None or held is tenure)):
                 held.last_use = now
                 return True
         return False
@@ -479,6 +504,11 @@ class ThreadLeases:
         for tid in threads:
             with self._thread_lock(tid):
                 with self._lock:
+                    held = self._held.get(tid)
+                    if held is not None and held.inflight and not at_exit:
+                        # another saver of this process writes it now: given back by its `end`
+                        held.release_pending = True
+                        continue
                     held = self._held.pop(tid, None)
                 if held is not None and not held.lost and not self._release(held, at_exit) and at_exit:
                     return False
@@ -547,6 +577,17 @@ class ThreadLeases:
 _live: weakref.WeakSet[ThreadLeases] = weakref.WeakSet()
 _registry: dict[tuple[int, str, str, float, float], ThreadLeases] = {}
 _registry_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """Every ThreadLeases a forked child inherited forgets the parent's leases (`_forked`)."""
+    global _registry_lock
+    _registry_lock = threading.Lock()  # another thread may have held it at the fork
+    for leases in list(_live):
+        leases._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def leases_for(storage: Storage, ttl: float, idle: float) -> ThreadLeases:

@@ -1239,7 +1239,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         if self.leases is None:
             yield
             return
-        generation = self.leases.begin(thread_id, wait=self.busy_timeout, fresh=fresh)
+        tenure = self.leases.begin(thread_id, wait=self.busy_timeout, fresh=fresh)
         with self._lock:
             self._wrote.add(thread_id)
             if len(self._wrote) > _MAX_WROTE:  # a long-lived saver: keep only what is still held
@@ -1249,7 +1249,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             yield
             done = True
         finally:
-            self.leases.end(thread_id, generation, confirm=done and confirm)
+            self.leases.end(thread_id, tenure, confirm=done and confirm)
 
     def release(self, thread_id: str | None = None) -> None:
         """Give a thread (default: every thread this saver wrote) back now, so another process
