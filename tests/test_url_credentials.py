@@ -78,7 +78,9 @@ def test_no_command_prints_credentials_from_a_url(tmp_path: Path, level: str) ->
 
 @pytest.mark.parametrize("url", ["s3://:SECRETPART@bucket/p", "s3://bucket/p?secret=SECRETPART",
                                  "s3://SECRETPART@bucket/p", "gs://SECRETPART@b/p",
-                                 "https://SECRETPART@host/x"])
+                                 "https://SECRETPART@host/x", "s3://AKIA:SECRET'PART@b/p",
+                                 "s3://AKIA:SECRET PART@b/p", 's3://AKIA:SECRET"PART@b/p',
+                                 "s3://AKIA:SECRET<PART>@b/p"])
 @pytest.mark.parametrize("level", ["", "-vvv", "--json"])
 def test_a_url_in_a_usage_error_is_redacted_too(tmp_path: Path, url: str, level: str) -> None:
     """argparse echoes a bad argument ("invalid choice: 's3://...'"), and --json echoed the
@@ -88,4 +90,5 @@ def test_a_url_in_a_usage_error_is_redacted_too(tmp_path: Path, url: str, level:
         proc = subprocess.run([CLI, *([level] if level else []), *argv], capture_output=True,
                               text=True, timeout=60, cwd=tmp_path)
         assert proc.returncode == 2, (argv, proc.returncode)
-        assert "SECRETPART" not in proc.stdout + proc.stderr, (argv, proc.stdout, proc.stderr)
+        shown = proc.stdout + proc.stderr
+        assert "SECRETPART" not in shown and "PART" not in shown, (argv, proc.stdout, proc.stderr)

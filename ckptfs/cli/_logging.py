@@ -43,6 +43,9 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 # it, the one rule for credentials in a URL: user:secret@ whatever the secret holds ('/', '@'),
 # a bare user (a token, a key id), an empty user (":secret@"), and the query string.
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]+")
+# user:secret@ whose secret holds a quote, a space or a bracket, where the URL token above ends
+# early: a ':' before any '/' after "://" and an '@' later on the line hide all up to the last '@'
+_USERINFO = re.compile(r"(://)[^/\n:@]*:[^\n]*@")
 
 
 def secret_values(options: Mapping[str, Any] | None = None,
@@ -116,6 +119,7 @@ class Scrubber:
                 text = text.replace(value, "***")
         for pattern, repl in _PATTERNS:
             text = pattern.sub(repl, text)
+        text = _USERINFO.sub(r"\1***@", text)
         return _URL.sub(lambda m: redact_url(m.group(0)), text)
 
 
