@@ -115,6 +115,33 @@ def test_workers_add_what_their_steps_spent_to_the_runs_totals(tmp_path: Path) -
     assert json.loads(shown.stdout)["totals"]["tokens"] == 6 * len(run.steps), shown.stdout[-300:]
 
 
+def test_a_worker_fails_a_step_whose_paid_result_was_refused_at_once_paying_once(tmp_path: Path) -> None:
+    """A paid call returns NaN: the store refuses the result and logs the call `unkept`. The
+    agent stops the run there; a Worker retried it attempt after attempt (each meeting the same
+    refusal, paying nothing, burning the attempts): now the step fails at once, saying why."""
+    url = str(tmp_path / "store")
+    run = AgentRun(run_id="nan", goal="g")
+    run.add_step(Step(id="a", title="a"))
+    with CheckpointStore(url) as st:
+        st.save_run(run)
+    paid: list[str] = []
+    with CheckpointStore(url) as store:
+        worker = Worker(store, worker_id="w", lease_ttl=5, poll_interval=0.01,
+                        retry=RetryPolicy(max_attempts=5, base_delay=0.0, jitter=0.0))
+
+        def executor(step: Step, prior: list[ToolCall]) -> str:
+            worker.tools().run("paid", {"q": step.id}, lambda q: paid.append(q) or {"v": float("nan")})
+            return "never"
+
+        worker.work("nan", executor, idle_timeout=10)
+    done = CheckpointStore(url).load_run("nan")
+    assert done is not None
+    step = done.steps["a"]
+    assert paid == ["a"]
+    assert step.status == StepStatus.FAILED and step.attempt_count <= 2, (step.status, step.attempt_count)
+    assert "could not keep its result" in (step.error or ""), step.error
+
+
 def _spawn(url: str, opts: dict[str, Any], wid: str, ttl: float, side: Path, slow: str,
            nap: float) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": ROOT}

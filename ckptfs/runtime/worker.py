@@ -47,7 +47,7 @@ from ckptfs.runtime.host import CURRENT_STEP
 from ckptfs.runtime.policy import RetryPolicy
 from ckptfs.runtime.resume import SKIP_REASON, TOOL_LOG_START, downstream
 from ckptfs.runtime.tool_log import ToolLogs, ToolLogState
-from ckptfs.runtime.tools import IdempotentToolRunner
+from ckptfs.runtime.tools import IdempotentToolRunner, UnconfirmedActionError
 from ckptfs.store.checkpoint_store import CheckpointStore
 from ckptfs.store.leases import DEFAULT_TTL, Heartbeat, Lease, LeaseManager
 
@@ -405,7 +405,11 @@ class Worker:
     def _failed(self, run_id: str, step: Step, hb: Heartbeat, exc: Exception,
                 report: WorkReport) -> None:
         step.error = f"{type(exc).__name__}: {exc}"
-        if self.retry.is_retryable(exc) and step.attempt_count < self.retry.max_attempts:
+        # A call whose outcome the log cannot give back (an intent with no completion, a result
+        # the store refused): a retry would only meet the same refusal, attempt after attempt,
+        # so the step fails at once, saying why (as the agent stops the run there).
+        retry = not isinstance(exc, UnconfirmedActionError) and self.retry.is_retryable(exc)
+        if retry and step.attempt_count < self.retry.max_attempts:
             delay = self.retry.delay(step.attempt_count, exc, self._rng)
             step.status = StepStatus.PENDING
             step.started_at = None
