@@ -168,3 +168,14 @@ def test_show_of_a_version_the_run_does_not_have_names_the_ones_it_has(store: Pa
     code, out, err = cli("show", str(store), RUN, "--version", "99")
     assert code == 2 and out == "", err
     assert f"run {RUN!r} has no version 99" in err and "it has 3: v1, v2, v3" in err, err
+
+
+def test_export_over_an_existing_file_keeps_its_permissions(store: Path, tmp_path: Path) -> None:
+    """The replace-by-rename made a 0600 file 0644 (a second hostile review): an export may
+    hold what its owner kept private."""
+    target = tmp_path / "private.json"
+    target.write_text("old")
+    target.chmod(0o600)
+    code, _, err = cli("export", str(store), RUN, "--output", str(target))
+    assert code == 0, err
+    assert (target.stat().st_mode & 0o777) == 0o600 and '"run_id"' in target.read_text()

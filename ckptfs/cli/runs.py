@@ -480,6 +480,8 @@ def _write_output(given: str, target: Path, text: str) -> None:
         created = True
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+            if mode is not None:  # the file it replaces keeps its permissions (0600 stays 0600)
+                os.fchmod(f.fileno(), stat.S_IMODE(mode))
         os.replace(tmp, target)
     except OSError as exc:
         if created:
