@@ -177,7 +177,6 @@ class ThreadLeases:
         self._thread_locks: dict[str, threading.Lock] = {}
         self._wake = threading.Event()
         self._keeper: threading.Thread | None = None
-        self._pid = os.getpid()
         _live.add(self)
 
     def _forked(self) -> None:
@@ -185,7 +184,6 @@ class ThreadLeases:
         the parent (our copy of them would let the child write the parent's thread as if it were
         its holder: two writers, both acknowledged, a forked history); the child gets its own
         holder identity, and its locks and keeper anew (the parent's threads are gone)."""
-        self._pid = os.getpid()
         self.holder = process_holder()
         self._held = {}
         self._known = {}
