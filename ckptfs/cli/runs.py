@@ -458,7 +458,6 @@ def _write_output(given: str, target: Path, text: str) -> None:
     Not when the target is there and is no regular file (/dev/stdout, a FIFO, a device): the
     rename would replace the device node itself (a review renamed a file over /dev/full, as
     root); such a target is written in place, and a failed write (ENOSPC) is an error too."""
-    import contextlib
     import os
     import stat
 
