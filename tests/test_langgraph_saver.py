@@ -184,10 +184,11 @@ def test_ids_are_encoded_and_bad_ones_refused(memory_url: str) -> None:
     keys = open_storage(memory_url).list("langgraph/")
     assert all(".." not in k and "/./" not in k for k in keys)
     assert "a/b" in {t.config["configurable"]["thread_id"] for t in saver.list(None)}
-    with pytest.raises(InvalidIdError):
-        saver.get_tuple({"configurable": {"thread_id": "x" * 500}})
+    assert saver.get_tuple({"configurable": {"thread_id": "x" * 500}}) is None  # any length: a hash
     with pytest.raises(InvalidIdError):
         saver.get_tuple({"configurable": {"thread_id": ""}})
+    with pytest.raises(InvalidIdError):
+        saver.get_tuple({"configurable": {"thread_id": "t", "checkpoint_id": "c" * 500}})
 
 
 def test_flipped_byte_is_reported_not_misread(tmp_path: Path) -> None:

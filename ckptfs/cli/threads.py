@@ -111,16 +111,30 @@ def _namespaces(storage: Storage, thread_seg: str) -> Iterator[list[Namespace]]:
         yield out_
 
 
+def thread_name(storage: Storage, seg: str) -> str | None:
+    """The thread id a thread directory stands for (None: a hashed one whose name is lost)."""
+    from ckptfs.integrations.langgraph.keys import lg_decode, lg_hashed, lg_name_key, lg_parse_name
+
+    if not lg_hashed(seg):
+        return lg_decode(seg)
+    try:
+        return lg_parse_name(seg, storage.get(lg_name_key(seg)))
+    except (FileNotFoundError, CkptfsError):
+        return None
+
+
 def list_threads(args: argparse.Namespace, storage: Storage) -> int:
     """`ckptfs threads URL`: one row per thread namespace."""
-    from ckptfs.integrations.langgraph.keys import lg_decode
-
     rows: list[dict[str, Any]] = []
     for seg in thread_ids(storage):
+        name = thread_name(storage, seg)
+        if name is None:
+            warn(f"thread {seg} skipped: its id is not in langgraph/names/ (see `ckptfs verify`)")
+            continue
         with _namespaces(storage, seg) as namespaces:
             for ns in namespaces:
                 newest = max(ns.checkpoints, default=None)
-                rows.append({"thread_id": lg_decode(seg), "checkpoint_ns": ns.ns,
+                rows.append({"thread_id": name, "checkpoint_ns": ns.ns,
                              "checkpoints": len(ns.checkpoints), "held": ns.held,
                              "pending_writes": sum(ns.writes.values()), "newest": newest,
                              "newest_time": checkpoint_time(newest) if newest else None})
@@ -160,9 +174,9 @@ def _metadata(obj: Any) -> dict[str, Any]:
 def show_thread(args: argparse.Namespace, storage: Storage) -> int:
     """`ckptfs show URL --thread T`: the thread's checkpoints, newest first."""
     from ckptfs.integrations.langgraph import codec as lgcodec
-    from ckptfs.integrations.langgraph.keys import lg_encode
+    from ckptfs.integrations.langgraph.keys import lg_thread_segment
 
-    seg = lg_encode(args.thread, "thread_id")
+    seg = lg_thread_segment(args.thread)
     if seg not in thread_ids(storage):
         raise CliError(f"thread {args.thread!r} not found in {storage.display_url}", kind="not-found")
     rows: list[dict[str, Any]] = []

@@ -25,6 +25,8 @@ from ckptfs.integrations.langgraph.keys import (
     lg_group_of,
     lg_is_plan,
     lg_leases_prefix,
+    lg_names_prefix,
+    lg_parse_name,
     lg_parse_plan,
 )
 from ckptfs.storage.base import Storage
@@ -66,6 +68,8 @@ def check(storage: Storage, keys: list[str], level: str,
             continue  # who writes a thread now: not checkpoint state (as verify skips runs' leases)
         elif key.startswith(f"{LG_ROOT}/runs/"):
             yield from _check_marker(storage, key)
+        elif key.startswith(lg_names_prefix()):
+            yield from _check_name(storage, key)
         else:
             yield ("warning", "stray", "not a ckptfs LangGraph file (unexpected key)", key)
     if isinstance(storage, LocalStorage):
@@ -134,6 +138,18 @@ def _check_marker(storage: Storage, key: str) -> Iterator[Problem]:
         return
     if not ok:
         yield ("error", "lg-bad-marker", "run marker is not the JSON delete_for_runs reads", key)
+
+
+def _check_name(storage: Storage, key: str) -> Iterator[Problem]:
+    """A hashed thread's name object: it must hold an id that hashes to its key, or the thread
+    drops out of every listing (`list(None)`, `ckptfs threads`)."""
+    try:
+        body = storage.get(key)
+    except FileNotFoundError:
+        return
+    if lg_parse_name("~" + key[len(lg_names_prefix()):], body) is None:
+        yield ("error", "lg-bad-name", "thread name is not the JSON of an id hashing to its key: "
+               "the thread it names is left out of listings", key)
 
 
 def _check_group(storage: Storage, group: str, level: str, max_size: int) -> Iterator[Problem]:

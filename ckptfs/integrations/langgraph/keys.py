@@ -10,6 +10,7 @@ from __future__ import annotations
 #   langgraph/threads/<thread>/<ns>/writes/<checkpoint_id>/<task_id>/<slot>   one task's pending writes
 #   langgraph/runs/<run_id>/<thread>/<ns>                    marker: this run wrote checkpoints there
 #   langgraph/leases/<thread>.lease                           who writes the thread now (ownership.py)
+#   langgraph/names/<sha256>                                  the id of a thread whose segment is a hash
 #
 # On local disk the keys of one <thread>/<ns> are records of one append-only log,
 # langgraph/threads/<thread>/<ns>/.records (ckptfs/logstore.py), not a file each: `lg_group_of`.
@@ -18,10 +19,15 @@ from __future__ import annotations
 # is; '.', '/', ':', '|', '%', space and non-ASCII become %XX (UTF-8), so no segment can be '.',
 # '..' or contain a separator, and the encoding is reversible. The namespace segment is "_" + the
 # encoding ("_" alone is the root namespace ""); one whose encoding passes 200 characters becomes
-# "~" + sha256 (the real namespace is stored inside each object). Other ids over 200 encoded
-# characters are refused. Encoding keeps uuid6 checkpoint ids unchanged, so a listing sorts by time.
+# "~" + sha256 (the real namespace is stored inside each object). A thread id past 200 encoded
+# characters (23 CJK characters are enough) becomes "~" + sha256 too, its real id kept in
+# `names/<sha256>`, written before anything of the thread (objects never name their thread, so
+# copying one stays byte for byte). "~" never starts an encoding, so a hash and an id cannot
+# meet. Other ids over 200 encoded characters are refused. Encoding keeps uuid6 checkpoint ids
+# unchanged, so a listing sorts by time.
 import functools
 import hashlib
+import json
 import re
 from collections.abc import Iterable
 from urllib.parse import unquote
@@ -41,7 +47,10 @@ def lg_encode(value: str, what: str = "id") -> str:
     if not value:
         raise InvalidIdError(f"{what} must not be empty")
     # an id longer than the limit is refused below (encoding never shortens): not remembered
-    seg = _percent(value) if len(value) <= LG_MAX_SEGMENT else _percent.__wrapped__(value)
+    try:
+        seg = _percent(value) if len(value) <= LG_MAX_SEGMENT else _percent.__wrapped__(value)
+    except UnicodeEncodeError:
+        raise InvalidIdError(f"{what} {value[:40]!r} is not valid text (a lone surrogate)") from None
     if len(seg) > LG_MAX_SEGMENT:
         raise InvalidIdError(f"{what} {value[:40]!r}... is too long ({len(seg)} encoded characters; "
                              f"the limit is {LG_MAX_SEGMENT})")
@@ -59,6 +68,14 @@ def _percent(value: str) -> str:
     return "".join(chr(b) if b in _LG_SAFE else f"%{b:02X}" for b in value.encode("utf-8"))
 
 
+def _encodes(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def lg_decode(segment: str) -> str:
     """The id a segment made by `lg_encode` stands for."""
     return unquote(segment, errors="strict")
@@ -69,6 +86,8 @@ def lg_ns_segment(checkpoint_ns: str) -> str:
         raise InvalidIdError(f"checkpoint_ns must be a string, got {type(checkpoint_ns).__name__}")
     if not checkpoint_ns:
         return "_"
+    if not _encodes(checkpoint_ns):
+        raise InvalidIdError(f"checkpoint_ns {checkpoint_ns[:40]!r} is not valid text (a lone surrogate)")
     seg = "".join(chr(b) if b in _LG_SAFE else f"%{b:02X}" for b in checkpoint_ns.encode("utf-8"))
     if len(seg) + 1 > LG_MAX_SEGMENT:
         return "~" + hashlib.sha256(checkpoint_ns.encode("utf-8")).hexdigest()
@@ -79,8 +98,53 @@ def lg_threads_prefix() -> str:
     return f"{LG_ROOT}/threads/"
 
 
+def lg_thread_segment(thread_id: str) -> str:
+    """A thread's key segment: its encoding, or "~" + sha256 of the id when that is too long
+    (`lg_name_key` then holds the id). SqliteSaver takes thread ids of any length; so do we."""
+    try:
+        return lg_encode(thread_id, "thread_id")
+    except InvalidIdError:
+        if not isinstance(thread_id, str) or not thread_id or not _encodes(thread_id):
+            raise
+    return "~" + hashlib.sha256(thread_id.encode("utf-8")).hexdigest()
+
+
+def lg_hashed(segment: str) -> bool:
+    """Whether a thread segment is a hash (its id is in `lg_name_key`), not an encoding."""
+    return segment.startswith("~")
+
+
+def lg_names_prefix() -> str:
+    return f"{LG_ROOT}/names/"
+
+
+def lg_name_key(segment: str) -> str:
+    """Where the id of a thread whose segment is a hash is kept: outside `threads/`, so deleting
+    or copying the thread never touches it (a hash names one id for ever)."""
+    return f"{lg_names_prefix()}{segment[1:]}"
+
+
+def lg_name_body(thread_id: str) -> bytes:
+    return json.dumps({"thread_id": thread_id}, ensure_ascii=False).encode("utf-8")
+
+
+def lg_parse_name(segment: str, body: bytes) -> str | None:
+    """The thread id a name object holds, if it is one and hashes to `segment`; else None."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    tid = doc.get("thread_id") if isinstance(doc, dict) else None
+    if not isinstance(tid, str) or not tid:
+        return None
+    try:
+        return tid if lg_thread_segment(tid) == segment else None
+    except (InvalidIdError, UnicodeEncodeError):
+        return None
+
+
 def lg_thread_prefix(thread_id: str) -> str:
-    return f"{LG_ROOT}/threads/{lg_encode(thread_id, 'thread_id')}/"
+    return f"{LG_ROOT}/threads/{lg_thread_segment(thread_id)}/"
 
 
 def lg_ns_prefix(thread_id: str, checkpoint_ns: str) -> str:
@@ -155,7 +219,7 @@ def lg_run_prefix(run_id: str) -> str:
 
 
 def lg_run_marker_key(run_id: str, thread_id: str, checkpoint_ns: str) -> str:
-    return f"{lg_run_prefix(run_id)}{lg_encode(thread_id, 'thread_id')}/{lg_ns_segment(checkpoint_ns)}"
+    return f"{lg_run_prefix(run_id)}{lg_thread_segment(thread_id)}/{lg_ns_segment(checkpoint_ns)}"
 
 
 def lg_leases_prefix() -> str:
@@ -165,7 +229,7 @@ def lg_leases_prefix() -> str:
 def lg_lease_key(thread_id: str) -> str:
     """The lease object of a thread's one writer (`ownership.py`): not checkpoint state, and
     outside `threads/`, so deleting or copying a thread never touches who may write it."""
-    return f"{lg_leases_prefix()}{lg_encode(thread_id, 'thread_id')}.lease"
+    return f"{lg_leases_prefix()}{lg_thread_segment(thread_id)}.lease"
 
 
 def lg_group_of(key: str) -> str | None:

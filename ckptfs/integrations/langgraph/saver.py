@@ -57,14 +57,19 @@ from ckptfs.integrations.langgraph.keys import (
     lg_decode,
     lg_encode,
     lg_group_of,
+    lg_hashed,
     lg_held_key,
     lg_is_plan,
+    lg_name_body,
+    lg_name_key,
     lg_ns_prefix,
+    lg_parse_name,
     lg_parse_plan,
     lg_plan_key,
     lg_run_marker_key,
     lg_run_prefix,
     lg_thread_prefix,
+    lg_thread_segment,
     lg_threads_prefix,
     lg_write_key,
     lg_write_slot,
@@ -247,6 +252,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         # remote get_tuple looks first (`_newest_remote`)
         self._newest: dict[tuple[str, str], str] = {}
         self._run_markers: set[tuple[str, str, str]] = set()
+        self._named: set[str] = set()  # hashed thread segments whose name object is known stored
         # (thread, ns, holder, channel) -> ids of the objects that version is rebuilt from, and
         # (thread, ns) -> the read plan a reader finds there (remote storage: `_plan_for`)
         self._needs: dict[tuple[str, str, str, str], frozenset[str]] = {}
@@ -648,7 +654,40 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 self._newest[(thread_id, ns)] = key
 
     def _thread_ids(self) -> list[str]:
-        return [lg_decode(seg) for seg in self.storage.list_dirs(lg_threads_prefix())]
+        ids: list[str] = []
+        for seg in self.storage.list_dirs(lg_threads_prefix()):
+            if not lg_hashed(seg):
+                ids.append(lg_decode(seg))
+                continue
+            name = self._name_of(seg)
+            if name is None:
+                logger.warning("thread %s skipped: its id is not in %s (see `ckptfs verify`)",
+                               seg, lg_name_key(seg))
+            else:
+                ids.append(name)
+        return ids
+
+    def _name_of(self, segment: str) -> str | None:
+        """The id of a thread whose segment is a hash, from its name object (None: missing or bad)."""
+        try:
+            return lg_parse_name(segment, self.storage.get(lg_name_key(segment)))
+        except (FileNotFoundError, CorruptFileError):
+            return None
+
+    def _name_thread(self, thread_id: str) -> None:
+        """Before a thread's first object, when its segment is a hash: store the id the hash
+        stands for, so listings can name the thread (content first, what points at it after).
+        Once per process; a damaged or wrong name object is replaced."""
+        seg = lg_thread_segment(thread_id)
+        if not lg_hashed(seg) or seg in self._named:
+            return
+        key, body = lg_name_key(seg), lg_name_body(thread_id)
+        try:
+            self.storage.put_if_absent(key, body)
+        except FileExistsError:
+            if self._name_of(seg) != thread_id:
+                self.storage.put(key, body)
+        self._named.add(seg)
 
     def list(
         self,
@@ -855,6 +894,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 "refs": refs,
             }
             data = fmt.pack(header, cbytes + mbytes, parts)
+            self._name_thread(thread_id)
             if run_id is not None:
                 self._mark_run(str(run_id), thread_id, ns)
             plan = self._plan_for(thread_id, ns, checkpoint_id, refs, parts, fresh) if self._remote else None
@@ -961,6 +1001,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         if checkpoint_id is None:
             raise ValueError("put_writes needs config['configurable']['checkpoint_id']")
         with self._writing(thread_id):
+            self._name_thread(thread_id)
             regular = sorted((i for i in items if i[0] >= 0), key=lambda i: i[0])
             special = [i for i in items if i[0] < 0]
             if regular:
@@ -1145,6 +1186,8 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         src, dst = lg_thread_prefix(str(source_thread_id)), lg_thread_prefix(str(target_thread_id))
         with self._writing(str(target_thread_id), fresh=True):
             keys = self.storage.list(src)
+            if keys:
+                self._name_thread(str(target_thread_id))
 
             def order(key: str) -> tuple[int, str]:
                 # holders and writes before the checkpoints that point at them, oldest first

@@ -1,0 +1,193 @@
+"""Thread ids of any length, as SqliteSaver takes them: one past 200 encoded characters (23 CJK
+characters are enough) was refused. Its directory is now "~" + sha256 of the id, and the id is
+kept in `langgraph/names/<sha256>`, so listings name it. Tested through a real graph (interrupt,
+resume), copy and delete, a fresh saver, the real `ckptfs` (threads, show, verify, mirror to
+moto over HTTP, verify of the mirror, restore) and a damaged or missing name object."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import operator
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import pytest
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
+from test_cli_commands import cli, cli_json
+
+from backends.s3.embedded import EmbeddedS3
+from ckptfs.errors import InvalidIdError
+from ckptfs.integrations.langgraph import CkptfsSaver
+from tests.test_langgraph_saver import _put_chain
+
+CJK = "会话" * 12  # 24 characters, 216 encoded: refused before
+HUGE = "user@example.com/" + "é" * 3000
+IDS = [CJK, "x" * 201, HUGE]
+
+
+class State(TypedDict):
+    log: Annotated[list[str], operator.add]
+
+
+def build(saver: CkptfsSaver) -> Any:
+    def draft(state: State) -> dict[str, Any]:
+        return {"log": ["draft"]}
+
+    def review(state: State) -> dict[str, Any]:
+        return {"log": [f"review:{interrupt('approve?')}"]}
+
+    g = StateGraph(State)
+    g.add_node("draft", draft)
+    g.add_node("review", review)
+    g.add_edge(START, "draft")
+    g.add_edge("draft", "review")
+    g.add_edge("review", END)
+    return g.compile(checkpointer=saver)
+
+
+def cfg(thread: str) -> Any:
+    return {"configurable": {"thread_id": thread}}
+
+
+def name_file(root: Path, thread: str) -> Path:
+    return root / "langgraph" / "names" / hashlib.sha256(thread.encode()).hexdigest()
+
+
+def test_long_thread_ids_work_like_short_ones(tmp_path: Path) -> None:
+    url = str(tmp_path / "store")
+    saver = CkptfsSaver(url)
+    graph = build(saver)
+    for thread in [*IDS, "short"]:
+        graph.invoke({"log": []}, cfg(thread))  # stops at the interrupt: pending writes stored
+    saver.close()
+
+    fresh = CkptfsSaver(url)  # nothing remembered: the ids come from the store
+    listed = {t.config["configurable"]["thread_id"] for t in fresh.list(None)}
+    assert listed == {*IDS, "short"}
+    graph = build(fresh)
+    for thread in IDS:
+        state = graph.get_state(cfg(thread))
+        assert state.values == {"log": ["draft"]} and state.next == ("review",)
+        assert [i.value for t in state.tasks for i in t.interrupts] == ["approve?"]
+        assert graph.invoke(Command(resume="yes"), cfg(thread)) == {"log": ["draft", "review:yes"]}
+    for thread in IDS:
+        assert name_file(tmp_path / "store", thread).is_file()
+    assert len(list((tmp_path / "store" / "langgraph" / "names").iterdir())) == len(IDS)  # not "short"
+
+    # copy between long and short ids, both ways, then delete the source
+    fresh.copy_thread(CJK, "copy-short")
+    fresh.copy_thread("copy-short", HUGE + "-copy")
+    for thread in ("copy-short", HUGE + "-copy"):
+        assert build(fresh).get_state(cfg(thread)).values == {"log": ["draft", "review:yes"]}
+    fresh.delete_thread(CJK)
+    assert fresh.get_tuple(cfg(CJK)) is None
+    listed = {t.config["configurable"]["thread_id"] for t in CkptfsSaver(url).list(None)}
+    assert listed == {"x" * 201, HUGE, "short", "copy-short", HUGE + "-copy"}
+
+
+def test_delete_for_runs_and_prune_find_long_threads(tmp_path: Path) -> None:
+    saver = CkptfsSaver(str(tmp_path))
+    _put_chain(saver, CJK, 4, run_id="r1")
+    _put_chain(saver, HUGE, 3, ns="child:1", run_id="r1")
+    _put_chain(saver, "short", 2, run_id="r2")
+    saver.prune([CJK], strategy="keep_latest")
+    assert len(list(saver.list(cfg(CJK)))) == 1
+    saver.delete_for_runs(["r1"])
+    fresh = CkptfsSaver(str(tmp_path))
+    assert {t.config["configurable"]["thread_id"] for t in fresh.list(None)} == {"short"}
+
+
+def test_on_s3_too(s3: EmbeddedS3, s3_url: str) -> None:
+    """Over HTTP (moto): the name object is written once, before the thread's first checkpoint."""
+    saver = CkptfsSaver(s3_url, s3.storage_options)
+    build(saver).invoke({"log": []}, cfg(HUGE))
+    saver.close()
+    reader = CkptfsSaver(s3_url, s3.storage_options)
+    assert [t.config["configurable"]["thread_id"] for t in reader.list(None)] == [HUGE] * 3
+    assert build(reader).invoke(Command(resume="yes"), cfg(HUGE)) == {"log": ["draft", "review:yes"]}
+    reader.close()
+
+
+def test_a_hash_never_meets_an_id(tmp_path: Path) -> None:
+    """The id "~<sha of another id>" is encoded ("%7E..."), so it is its own thread."""
+    saver = CkptfsSaver(str(tmp_path))
+    graph = build(saver)
+    twin = "~" + hashlib.sha256(CJK.encode()).hexdigest()
+    graph.invoke({"log": []}, cfg(CJK))
+    graph.invoke({"log": []}, cfg(twin))
+    graph.invoke(Command(resume="no"), cfg(twin))
+    assert graph.get_state(cfg(CJK)).values == {"log": ["draft"]}
+    assert graph.get_state(cfg(twin)).values == {"log": ["draft", "review:no"]}
+    assert {t.config["configurable"]["thread_id"] for t in saver.list(None)} == {CJK, twin}
+
+
+@pytest.mark.parametrize("bad", ["", "\ud800", "\ud800" * 300])
+def test_ids_that_are_not_text_are_refused_by_name(tmp_path: Path, bad: str) -> None:
+    saver = CkptfsSaver(str(tmp_path))
+    with pytest.raises(InvalidIdError, match="thread_id"):
+        build(saver).invoke({"log": []}, cfg(bad))
+    with pytest.raises(InvalidIdError, match="checkpoint_ns"):
+        saver.get_tuple({"configurable": {"thread_id": "t", "checkpoint_ns": "\udfff"}})
+
+
+def test_the_cli_chain_names_a_long_thread(tmp_path: Path, s3: EmbeddedS3, s3_url: str) -> None:
+    """threads, show, verify; mirror to moto, verify the mirror, restore, verify, resume."""
+    src = tmp_path / "machine-a"
+    saver = CkptfsSaver(str(src))
+    build(saver).invoke({"log": []}, cfg(CJK))
+    saver.close()
+    code, doc, err = cli_json("threads", str(src))
+    assert code == 0, err
+    assert [(r["thread_id"], r["checkpoints"]) for r in doc["threads"]] == [(CJK, 3)]
+    code, doc, err = cli_json("show", str(src), "--thread", CJK)
+    assert code == 0, err
+    assert len(doc["checkpoints"]) == 3 and doc["checkpoints"][0]["pending_writes"] >= 1
+    code, out, err = cli("verify", str(src), "--data")
+    assert code == 0, (out, err)
+
+    ep = ["--mirror-option", f"client_kwargs.endpoint_url={s3.endpoint}"]
+    code, out, err = cli("mirror", str(src), s3_url, "--once", *ep)
+    assert code == 0, (out, err)
+    opt = ["--storage-option", f"client_kwargs.endpoint_url={s3.endpoint}"]
+    code, out, err = cli("verify", s3_url, "--data", *opt)
+    assert code == 0, (out, err)
+    dst = tmp_path / "machine-b"
+    code, out, err = cli("restore", s3_url, str(dst), *ep)
+    assert code == 0, (out, err)
+    code, out, err = cli("verify", str(dst), "--data")
+    assert code == 0, (out, err)
+    code, doc, err = cli_json("threads", str(dst))
+    assert code == 0 and [r["thread_id"] for r in doc["threads"]] == [CJK], err
+    again = CkptfsSaver(str(dst))
+    assert build(again).invoke(Command(resume="ok"), cfg(CJK)) == {"log": ["draft", "review:ok"]}
+
+
+def test_a_damaged_name_is_reported_skipped_and_repaired(tmp_path: Path,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "store"
+    saver = CkptfsSaver(str(root))
+    build(saver).invoke({"log": []}, cfg(CJK))
+    build(saver).invoke({"log": []}, cfg("short"))
+    saver.close()
+    name = name_file(root, CJK)
+    name.write_bytes(b'{"thread_id": "someone else"}')  # valid JSON, wrong id: the hash says so
+
+    code, out, err = cli("verify", str(root))
+    assert code != 0 and "lg-bad-name" in out + err, (out, err)
+    code, doc, err = cli_json("threads", str(root))
+    assert code == 0 and [r["thread_id"] for r in doc["threads"]] == ["short"]
+    assert "skipped" in err and "langgraph/names/" in err
+    reader = CkptfsSaver(str(root))
+    with caplog.at_level(logging.WARNING, logger="ckptfs"):
+        assert {t.config["configurable"]["thread_id"] for t in reader.list(None)} == {"short"}
+    assert "its id is not in langgraph/names/" in caplog.text
+    # the checkpoints never depended on the name: reading by id works, and a write repairs it
+    assert build(reader).get_state(cfg(CJK)).next == ("review",)
+    build(reader).invoke(Command(resume="yes"), cfg(CJK))
+    assert name.read_bytes().decode() == '{"thread_id": "' + CJK + '"}'
+    code, out, err = cli("verify", str(root))
+    assert code == 0, (out, err)
+    name.unlink()  # lost altogether: skipped again, never listed under a made-up id
+    assert {t.config["configurable"]["thread_id"] for t in CkptfsSaver(str(root)).list(None)} == {"short"}
