@@ -8,13 +8,14 @@ Serialisation is pydantic's JSON only: a checkpoint never executes code when loa
 
 from __future__ import annotations
 
+import difflib
 import re
 import sys
 import time
 import uuid
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -51,6 +52,31 @@ def validate_id(value: str, what: str = "id") -> str:
     return value
 
 
+if TYPE_CHECKING:
+    from pydantic._internal._model_construction import ModelMetaclass as _ModelMeta
+else:
+    _ModelMeta = type(BaseModel)  # pydantic's metaclass, which it does not export
+
+
+class _KnownFields(_ModelMeta):
+    """Models users build by hand: a keyword that is no field (`Step(depends_on=[...])`) is a
+    TypeError naming it, as for any Python call, instead of a step silently without its
+    dependencies. Checked where a call builds the model, in the metaclass: `model_validate`
+    (every load) never passes here, so files a newer version wrote, with fields this one does
+    not know, still load, and the check costs a load nothing (a custom `__init__` would be run
+    by `model_validate` too)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        known = cast("type[BaseModel]", cls).model_fields
+        if not kwargs.keys() <= known.keys():
+            unknown = sorted(kwargs.keys() - known.keys())
+            hint = difflib.get_close_matches(unknown[0], list(known), n=1)
+            also = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise TypeError(f"{cls.__name__}() got unexpected keyword argument(s) "
+                            f"{', '.join(map(repr, unknown))}{also}; its fields are {', '.join(known)}")
+        return super().__call__(*args, **kwargs)
+
+
 def _short_uuid() -> str:
     return uuid.uuid4().hex[:12]
 
@@ -78,7 +104,7 @@ class ArtifactRef(BaseModel):
     summary: str = ""
 
 
-class ToolCall(BaseModel):
+class ToolCall(BaseModel, metaclass=_KnownFields):
     """Record of a single tool invocation (seed shape, plus idempotency bookkeeping).
 
     `phase` is "completed" for an ordinary finished call, "intent" for the durable
@@ -97,7 +123,7 @@ class ToolCall(BaseModel):
     phase: str = "completed"
 
 
-class Step(BaseModel):
+class Step(BaseModel, metaclass=_KnownFields):
     """A unit of work within the agent run.
 
     Assignments are validated (`step.status = "completed"` becomes the enum), because the
@@ -252,7 +278,7 @@ def holds_shared_values(step: Step) -> bool:
     return _shared(step.__dict__.values(), _BASE_REFS)
 
 
-class AgentRun(BaseModel):
+class AgentRun(BaseModel, metaclass=_KnownFields):
     """Complete state of an agent execution run."""
 
     run_id: str = Field(default_factory=lambda: str(uuid.uuid4()))
