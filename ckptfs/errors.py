@@ -118,6 +118,12 @@ class UnstorableValueError(CkptfsError, ValueError):
         super().__init__(f"{': '.join(where)}: {reason}; refused, nothing was written")
 
 
+class UnstorableResultError(UnstorableValueError, TypeError):
+    """A tool's result JSON cannot hold at all (an arbitrary object, bytes that are not UTF-8,
+    a lone surrogate), found as the paid call is logged: the run stops at its step, as for NaN,
+    rather than failing it. A TypeError too, as this was before it was a refusal."""
+
+
 class NonFiniteValueError(UnstorableValueError):
     """NaN or an infinity: JSON cannot hold it (a load would read null, or refuse the record)."""
 

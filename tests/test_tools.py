@@ -280,7 +280,8 @@ def test_crash_after_send_without_guard_stops_the_run_rather_than_guess(tmp_path
     assert run is not None and run.status == "failed" and run.steps["notify"].status.value == "pending"
 
 
-@pytest.mark.parametrize("bad", [float("nan"), 10**5000, (1, 2)], ids=["nan", "huge-int", "tuple"])
+@pytest.mark.parametrize("bad", [float("nan"), 10**5000, (1, 2), object(), b"\xff\xfe", b"ok", "\ud800"],
+                         ids=["nan", "huge-int", "tuple", "object", "bad-utf8", "bytes", "surrogate"])
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_paid_call_whose_result_the_store_refuses_is_not_paid_again_on_resume(
         tmp_path: Path, bad: object, mode: str) -> None:

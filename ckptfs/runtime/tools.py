@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ckptfs.errors import CkptfsError, UnstorableValueError
+from ckptfs.errors import CkptfsError, UnstorableResultError, UnstorableValueError
 from ckptfs.format.models import ToolCall
 from ckptfs.runtime.host import ToolHost
 from ckptfs.runtime.tool_log import UNKEPT, ToolLogState, cache_key, canonical_json, idempotency_key
@@ -105,8 +105,9 @@ class IdempotentToolRunner:
         try:
             call.model_dump_json()
         except Exception as exc:  # pydantic raises its own serialisation errors
-            raise TypeError(f"tool {tool_name!r} returned a value that cannot be stored as JSON: "
-                            f"{exc}") from exc
+            # arguments were checked before the call (`_prepare`): this is the result
+            raise UnstorableResultError(self.run_id, self.step_id, f"tool {tool_name!r} result",
+                                        f"cannot be stored as JSON ({exc})") from exc
         return call
 
     def _replay(self, tool_name: str, key: str, irreversible: bool,
