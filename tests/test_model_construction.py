@@ -43,3 +43,30 @@ def test_loading_ignores_fields_it_does_not_know() -> None:
     call = ToolCall.model_validate({"tool_name": "t", "arguments": {}, "cost_class": "paid"})
     assert step.id == "a" and run.steps["a"].dependencies == ["y"] and call.tool_name == "t"
     assert step.model_copy(update={"title": "u"}).title == "u"  # copies never pass the check
+
+
+class PaperStep(Step):
+    """What a user writes to give steps a typed field of their own."""
+
+    paper_id: str = ""
+
+
+def test_a_subclass_of_step_is_a_working_step(tmp_path: Any) -> None:
+    """A subclass took Step's change-tracking descriptors for its container fields' defaults:
+    every instance held the descriptor object instead of a list or dict, and a commit was
+    refused ("Unable to serialize unknown type: _Exposing")."""
+    from ckptfs import CheckpointStore
+
+    a, b = PaperStep(id="a", title="a", paper_id="p1"), PaperStep(id="b", title="b", dependencies=["a"])
+    assert (a.tool_calls, a.dependencies, a.metadata) == ([], [], {}) and a.metadata is not b.metadata
+    run = AgentRun(run_id="papers", goal="g")
+    run.add_step(a)
+    run.add_step(b)
+    with CheckpointStore(str(tmp_path)) as store:
+        store.save_run(run)
+        a.metadata["pages"] = 12  # changed in place: the store must hear of it
+        store.save_run(run)
+    with CheckpointStore(str(tmp_path)) as fresh:
+        loaded = fresh.load_run("papers")
+    assert loaded is not None and loaded.steps["a"].metadata == {"pages": 12}
+    assert loaded.steps["b"].dependencies == ["a"]

@@ -230,7 +230,10 @@ class _Exposing:
 
     def __get__(self, obj: Step | None, owner: type | None = None) -> Any:
         if obj is None:
-            return self
+            # Not on the class: a subclass of Step would take this object for the field's
+            # default (pydantic reads inherited defaults with getattr) and every instance
+            # would hold it; absent, the subclass inherits Step's own field definition.
+            raise AttributeError(self.name)
         _touch(obj)
         return obj.__dict__[self.name]
 
