@@ -101,12 +101,17 @@ def lg_threads_prefix() -> str:
 def lg_thread_segment(thread_id: str) -> str:
     """A thread's key segment: its encoding, or "~" + sha256 of the id when that is too long
     (`lg_name_key` then holds the id). SqliteSaver takes thread ids of any length; so do we."""
+    if not (type(thread_id) is str and len(thread_id) > LG_MAX_SEGMENT):  # else too long encoded
+        try:
+            return lg_encode(thread_id, "thread_id")
+        except InvalidIdError:
+            if not isinstance(thread_id, str) or not thread_id or not _encodes(thread_id):
+                raise
     try:
-        return lg_encode(thread_id, "thread_id")
-    except InvalidIdError:
-        if not isinstance(thread_id, str) or not thread_id or not _encodes(thread_id):
-            raise
-    return "~" + hashlib.sha256(thread_id.encode("utf-8")).hexdigest()
+        return "~" + hashlib.sha256(thread_id.encode("utf-8")).hexdigest()
+    except UnicodeEncodeError:
+        raise InvalidIdError(f"thread_id {thread_id[:40]!r}... is not valid text "
+                             "(a lone surrogate)") from None
 
 
 def lg_hashed(segment: str) -> bool:
