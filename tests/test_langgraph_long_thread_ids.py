@@ -191,3 +191,17 @@ def test_a_damaged_name_is_reported_skipped_and_repaired(tmp_path: Path,
     assert code == 0, (out, err)
     name.unlink()  # lost altogether: skipped again, never listed under a made-up id
     assert {t.config["configurable"]["thread_id"] for t in CkptfsSaver(str(root)).list(None)} == {"short"}
+
+
+def test_tables_clip_a_huge_id_and_json_keeps_it(tmp_path: Path) -> None:
+    """A 3,017-character id took the whole table: every other column was dropped."""
+    saver = CkptfsSaver(str(tmp_path))
+    build(saver).invoke({"log": []}, cfg(HUGE))
+    saver.close()
+    code, out, err = cli("threads", str(tmp_path), env={"COLUMNS": "120"})
+    assert code == 0, err
+    assert "(3,017 characters)" in out and HUGE not in out and "(root)" in out and "not shown" not in out
+    code, doc, err = cli_json("threads", str(tmp_path))
+    assert code == 0 and doc["threads"][0]["thread_id"] == HUGE
+    code, out, err = cli("show", str(tmp_path), "--thread", HUGE + "?", env={"COLUMNS": "120"})
+    assert code == 2 and "not found" in err and "(3,018 characters)" in err and len(err) < 400, err

@@ -112,6 +112,13 @@ def fit_line(console: Console, text: str, bold: int = 0) -> None:
     console.print(line, no_wrap=True, overflow="ellipsis", crop=True)
 
 
+def clip(text: str, width: int = 60) -> str:
+    """A user-given name shortened for a table or a message: LangGraph thread ids have no length
+    limit, and one of thousands of characters would push every other column off the screen
+    (`--json` keeps it whole)."""
+    return text if len(text) <= width else f"{text[:width]}… ({len(text):,} characters)"
+
+
 def timestamp(t: float | None) -> str:
     """Local time, to the second; '-' for unknown."""
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from ckptfs.cli._common import EXIT_OK, EXIT_PROBLEMS, CliError, emit_json, err, out, warn
 from ckptfs.cli._logging import SCRUBBER
 from ckptfs.cli._options import add_json_arg, add_store_args, store_target
+from ckptfs.cli._render import clip
 
 
 def register(sub: Any) -> None:
@@ -78,8 +79,7 @@ def cmd_import_langgraph(args: argparse.Namespace) -> int:
         emit_json({"command": "import-langgraph", "url": target.describe(), **report.to_dict()})
     else:
         for thread_id, why in sorted(report.failed.items()):
-            shown = thread_id if len(thread_id) <= 60 else thread_id[:60] + "…"  # ids run to 200+
-            warn(f"thread {shown!r} not imported: {why}")
+            warn(f"thread {clip(thread_id)!r} not imported: {why}")
         out().print(f"{'[green]imported[/green]' if report.ok else '[red]incomplete[/red]'}: "
                     f"{report.threads} thread(s) from {report.source}: {report.checkpoints} checkpoint(s) "
                     f"copied, {report.skipped} already there, {report.writes} pending-write object(s) "

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptfs.cli._common import EXIT_OK, CliError, emit_json, out, warn
-from ckptfs.cli._render import Col, age, print_table, timestamp
+from ckptfs.cli._render import Col, age, clip, print_table, timestamp
 from ckptfs.errors import CkptfsError, UnreadableFileError
 from ckptfs.storage.base import Storage
 
@@ -145,8 +145,8 @@ def list_threads(args: argparse.Namespace, storage: Storage) -> int:
     if not rows:
         console.print(f"no LangGraph threads in {storage.display_url}")
         return EXIT_OK
-    table = [[r["thread_id"], r["checkpoint_ns"] or "(root)", str(r["checkpoints"]), str(r["pending_writes"]),
-              age(r["newest_time"]), r["newest"] or "-"] for r in rows]
+    table = [[clip(r["thread_id"], 40), r["checkpoint_ns"] or "(root)", str(r["checkpoints"]),
+              str(r["pending_writes"]), age(r["newest_time"]), r["newest"] or "-"] for r in rows]
     cols = [Col("thread"), Col("ns", 3), Col("ckpts", justify="right"), Col("writes", 2, justify="right"),
             Col("newest", 4), Col("newest checkpoint", flex=True, min_width=12)]
     print_table(console, cols, table, title=f"LangGraph threads in {storage.display_url}")
@@ -178,7 +178,7 @@ def show_thread(args: argparse.Namespace, storage: Storage) -> int:
 
     seg = lg_thread_segment(args.thread)
     if seg not in thread_ids(storage):
-        raise CliError(f"thread {args.thread!r} not found in {storage.display_url}", kind="not-found")
+        raise CliError(f"thread {clip(args.thread)!r} not found in {storage.display_url}", kind="not-found")
     rows: list[dict[str, Any]] = []
     with _namespaces(storage, seg) as namespaces:
         for ns in namespaces:
@@ -206,5 +206,5 @@ def show_thread(args: argparse.Namespace, storage: Storage) -> int:
               r.get("error") or ", ".join(r.get("channels_written", [])) or "-"] for r in rows]
     cols = [Col("checkpoint"), Col("ns", 2), Col("step", justify="right"), Col("source", 3),
             Col("at", 4), Col("writes", 1, justify="right"), Col("channels written", flex=True)]
-    print_table(out(), cols, table, title=f"thread {args.thread} in {storage.display_url}")
+    print_table(out(), cols, table, title=f"thread {clip(args.thread)} in {storage.display_url}")
     return EXIT_OK
