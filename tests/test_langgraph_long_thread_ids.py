@@ -20,6 +20,7 @@ from test_cli_commands import cli, cli_json
 from backends.s3.embedded import EmbeddedS3
 from ckptfs.errors import InvalidIdError
 from ckptfs.integrations.langgraph import CkptfsSaver
+from ckptfs.storage.registry import open_storage
 from tests.test_langgraph_saver import _put_chain
 
 CJK = "会话" * 12  # 24 characters, 216 encoded: refused before
@@ -205,3 +206,42 @@ def test_tables_clip_a_huge_id_and_json_keeps_it(tmp_path: Path) -> None:
     assert code == 0 and doc["threads"][0]["thread_id"] == HUGE
     code, out, err = cli("show", str(tmp_path), "--thread", HUGE + "?", env={"COLUMNS": "120"})
     assert code == 2 and "not found" in err and "(3,018 characters)" in err and len(err) < 400, err
+
+
+def _codes(doc: Any) -> list[tuple[str, str]]:
+    return sorted((f["code"], f["key"] or "") for f in doc["findings"])
+
+
+def test_verify_reports_a_hashed_thread_whose_name_is_gone(tmp_path: Path, s3: EmbeddedS3,
+                                                           s3_url: str) -> None:
+    """Listings skip such a thread and say "see `ckptfs verify`": verify must then name it
+    (it said "clean"), on the store and on a mirror of it that lost the name."""
+    root = tmp_path / "store"
+    saver = CkptfsSaver(str(root))
+    build(saver).invoke({"log": []}, cfg(CJK))
+    build(saver).invoke({"log": []}, cfg("short"))
+    saver.close()
+    name = name_file(root, CJK)
+    name.unlink()
+    code, doc, err = cli_json("verify", str(root))
+    key = f"langgraph/names/{name.name}"
+    assert code == 1 and _codes(doc) == [("lg-missing-name", key)], (doc, err)
+    code, out, err = cli("threads", str(root))
+    assert code == 0 and "skipped" in err and "ckptfs verify" in err
+    name.mkdir()  # an empty directory in its place: nothing listed there either
+    code, doc, err = cli_json("verify", str(root))
+    assert code == 1 and _codes(doc) == [("lg-missing-name", key)], (doc, err)
+    name.rmdir()
+    build(CkptfsSaver(str(root))).invoke(Command(resume="yes"), cfg(CJK))  # the next write repairs it
+    code, doc, err = cli_json("verify", str(root))
+    assert code == 0 and doc["findings"] == [], (doc, err)
+
+    # a mirror (its logs are objects there, checked as copies): the same finding, once
+    ep = ["--mirror-option", f"client_kwargs.endpoint_url={s3.endpoint}"]
+    code, out, err = cli("mirror", str(root), s3_url, "--once", *ep)
+    assert code == 0, (out, err)
+    open_storage(s3_url, s3.storage_options).delete(key)
+    opt = ["--storage-option", f"client_kwargs.endpoint_url={s3.endpoint}"]
+    code, doc, err = cli_json("verify", s3_url, *opt)
+    assert code == 1 and _codes(doc) == [("lg-missing-name", key)], (doc, err)
+

@@ -23,11 +23,14 @@ from ckptfs.integrations.langgraph import codec as fmt
 from ckptfs.integrations.langgraph.keys import (
     LG_ROOT,
     lg_group_of,
+    lg_hashed,
     lg_is_plan,
     lg_leases_prefix,
+    lg_name_key,
     lg_names_prefix,
     lg_parse_name,
     lg_parse_plan,
+    lg_threads_prefix,
 )
 from ckptfs.storage.base import Storage
 from ckptfs.storage.local import LocalStorage
@@ -41,6 +44,11 @@ Problem = tuple[str, str, str, str]  # severity, code, message, key
 def check(storage: Storage, keys: list[str], level: str,
                     max_size: int = fmt.DEFAULT_MAX_DECODED) -> Iterator[Problem]:
     """Check every LangGraph key among `keys` (as the raw storage lists them)."""
+    yield from _unnamed_threads(keys)
+    yield from _check_keys(storage, keys, level, max_size)
+
+
+def _check_keys(storage: Storage, keys: list[str], level: str, max_size: int) -> Iterator[Problem]:
     logged = {k[: -len(LOG_NAME)] for k in keys if _is_log(k)}
     if logged and not isinstance(storage, LocalStorage):
         # a mirror of a local store holds its logs as objects: check copies of those namespaces
@@ -50,7 +58,7 @@ def check(storage: Storage, keys: list[str], level: str,
             local = open_storage(tmp, {"fsync": False})
             for key in local_keys:
                 local.put(key, storage.get(key))
-            yield from check_langgraph(local, local_keys, level, max_size)
+            yield from _check_keys(local, local_keys, level, max_size)
         keys = [k for k in keys if lg_group_of(k) not in logged]
     view: Storage = storage
     groups: set[str] = set()
@@ -138,6 +146,18 @@ def _check_marker(storage: Storage, key: str) -> Iterator[Problem]:
         return
     if not ok:
         yield ("error", "lg-bad-marker", "run marker is not the JSON delete_for_runs reads", key)
+
+
+def _unnamed_threads(keys: list[str]) -> Iterator[Problem]:
+    """Hashed thread directories with no name object: every listing skips them, with a warning
+    that sends its reader here (the checkpoints read back by id, and the next write of the
+    thread stores its name again)."""
+    threads, names = lg_threads_prefix(), {k for k in keys if k.startswith(lg_names_prefix())}
+    segs = {k[len(threads):].split("/", 1)[0] for k in keys if k.startswith(threads)}
+    for seg in sorted(s for s in segs if lg_hashed(s)):
+        if lg_name_key(seg) not in names:
+            yield ("error", "lg-missing-name", f"thread {seg} has no name object: it is left out of "
+                   "listings until its next write stores the id again", lg_name_key(seg))
 
 
 def _check_name(storage: Storage, key: str) -> Iterator[Problem]:
