@@ -7,8 +7,10 @@ moto over HTTP, verify of the mirror, restore) and a damaged or missing name obj
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import operator
+import os
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -245,3 +247,35 @@ def test_verify_reports_a_hashed_thread_whose_name_is_gone(tmp_path: Path, s3: E
     code, doc, err = cli_json("verify", s3_url, *opt)
     assert code == 1 and _codes(doc) == [("lg-missing-name", key)], (doc, err)
 
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_verify_reports_an_unreadable_name_or_marker_and_checks_the_rest(tmp_path: Path, kind: str) -> None:
+    """A name object (or a run marker) that is a link out of the store or a FIFO is one
+    finding: verify used to stop there ("corrupt: ...", nothing else checked, no report)."""
+    root = tmp_path / "store"
+    saver = CkptfsSaver(str(root))
+    _put_chain(saver, CJK, 2, run_id="r1")
+    _put_chain(saver, "short", 2, run_id="r1")
+    saver.close()
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps({"thread_id": CJK}), encoding="utf-8")
+    name = name_file(root, CJK)
+    marker = next((root / "langgraph" / "runs").rglob("_"))
+    for victim in (name, marker):
+        victim.unlink()
+        if kind == "symlink":
+            victim.symlink_to(outside)
+        else:
+            os.mkfifo(victim)
+    log = next((root / "langgraph" / "threads" / "short").rglob(".records"))
+    with open(log, "r+b") as f:  # and damage elsewhere, which verify must still find
+        f.seek(40)
+        f.write(b"\xff" * 8)
+    code, doc, err = cli_json("verify", str(root))
+    assert code == 1, (doc, err)
+    codes = {c for c, _ in _codes(doc)}
+    rel = lambda p: str(p.relative_to(root))  # noqa: E731
+    assert ("lg-bad-name", rel(name)) in _codes(doc) and ("lg-bad-marker", rel(marker)) in _codes(doc), doc
+    assert "lg-damaged-record" in codes, doc
+    assert outside.read_text(encoding="utf-8").startswith('{"thread_id"')  # never written through

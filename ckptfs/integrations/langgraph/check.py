@@ -144,6 +144,9 @@ def _check_marker(storage: Storage, key: str) -> Iterator[Problem]:
         ok = False
     except FileNotFoundError:
         return
+    except CkptfsError as exc:  # a link, a FIFO, unreadable: one finding, and verify goes on
+        yield ("error", "lg-bad-marker", f"run marker cannot be read ({exc})", key)
+        return
     if not ok:
         yield ("error", "lg-bad-marker", "run marker is not the JSON delete_for_runs reads", key)
 
@@ -166,6 +169,10 @@ def _check_name(storage: Storage, key: str) -> Iterator[Problem]:
     try:
         body = storage.get(key)
     except FileNotFoundError:
+        return
+    except CkptfsError as exc:  # a link, a FIFO, unreadable: one finding, and verify goes on
+        yield ("error", "lg-bad-name", f"thread name cannot be read ({exc}): the thread it names is "
+               "left out of listings until its next write replaces it", key)
         return
     if lg_parse_name("~" + key[len(lg_names_prefix()):], body) is None:
         yield ("error", "lg-bad-name", "thread name is not the JSON of an id hashing to its key: "
