@@ -22,6 +22,7 @@ from test_cli_commands import cli, cli_json
 from backends.s3.embedded import EmbeddedS3
 from ckptfs.errors import InvalidIdError
 from ckptfs.integrations.langgraph import CkptfsSaver
+from ckptfs.integrations.langgraph.keys import lg_checkpoint_key, lg_ns_segment, lg_thread_segment
 from ckptfs.storage.registry import open_storage
 from tests.test_langgraph_saver import _put_chain
 
@@ -279,3 +280,36 @@ def test_verify_reports_an_unreadable_name_or_marker_and_checks_the_rest(tmp_pat
     assert ("lg-bad-name", rel(name)) in _codes(doc) and ("lg-bad-marker", rel(marker)) in _codes(doc), doc
     assert "lg-damaged-record" in codes, doc
     assert outside.read_text(encoding="utf-8").startswith('{"thread_id"')  # never written through
+
+
+def test_a_long_id_is_hashed_without_being_encoded_first() -> None:
+    """Every key of every put names the thread: a 1 MiB id was percent-encoded byte by byte
+    (some 60 MiB of small strings and 0.3 s) only for the encoding to be thrown away as too
+    long, so one graph step of such a thread took seconds. The segments stay what they were."""
+    import tracemalloc
+
+    big = "é" * (1 << 19)  # 1 MiB of UTF-8
+    size = 1 << 20
+    tracemalloc.start()
+    try:
+        segs = [lg_thread_segment(big), lg_ns_segment(big)]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert segs == ["~" + hashlib.sha256(big.encode()).hexdigest()] * 2
+    assert peak < 2 * size, f"{peak} bytes to name a {size}-byte id"
+
+    def sha(v: str) -> str:
+        return "~" + hashlib.sha256(v.encode()).hexdigest()
+
+    e = "é" * 33  # 198 encoded characters
+    for tid, seg in [("a" * 200, "a" * 200), ("a" * 201, sha("a" * 201)), (e + "ab", "%C3%A9" * 33 + "ab"),
+                     (e + "abc", sha(e + "abc")), ("~" * 66 + "ab", "%7E" * 66 + "ab")]:
+        assert lg_thread_segment(tid) == seg
+    for ns, seg in [("x" * 199, "_" + "x" * 199), ("x" * 200, sha("x" * 200)),
+                    (e + "a", "_" + "%C3%A9" * 33 + "a"), (e + "ab", sha(e + "ab"))]:
+        assert lg_ns_segment(ns) == seg
+    with pytest.raises(InvalidIdError, match="checkpoint_ns"):
+        lg_ns_segment("\udfff" * 300)
+    with pytest.raises(InvalidIdError, match=r"checkpoint_id .* too long"):
+        lg_checkpoint_key("t", "", "c" * 201)
