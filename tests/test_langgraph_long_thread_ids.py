@@ -313,3 +313,23 @@ def test_a_long_id_is_hashed_without_being_encoded_first() -> None:
         lg_ns_segment("\udfff" * 300)
     with pytest.raises(InvalidIdError, match=r"checkpoint_id .* too long"):
         lg_checkpoint_key("t", "", "c" * 201)
+
+
+def test_a_live_saver_repairs_a_name_once_it_takes_the_thread_again(tmp_path: Path) -> None:
+    """ "The next write repairs it" held only for another process: a saver named a thread
+    once per process, so a long-lived server never put back a name lost under it. Now once
+    per lease: after the thread was given back (idle, or `release`), its next write checks."""
+    root = tmp_path / "store"
+    saver = CkptfsSaver(str(root))
+    graph = build(saver)
+    graph.invoke({"log": []}, cfg(CJK))
+    name = name_file(root, CJK)
+    for damage in (name.unlink, lambda: name.write_bytes(b"{}")):
+        saver.release()
+        damage()
+        assert {t.config["configurable"]["thread_id"] for t in CkptfsSaver(str(root)).list(None)} == set()
+        graph.invoke({"log": []}, cfg(CJK))  # the same saver, the thread taken again
+        assert {t.config["configurable"]["thread_id"] for t in CkptfsSaver(str(root)).list(None)} == {CJK}
+    code, doc, err = cli_json("verify", str(root))
+    assert code == 0 and doc["findings"] == [], (doc, err)
+    saver.close()

@@ -252,7 +252,8 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         # remote get_tuple looks first (`_newest_remote`)
         self._newest: dict[tuple[str, str], str] = {}
         self._run_markers: set[tuple[str, str, str]] = set()
-        self._named: set[str] = set()  # hashed thread segments whose name object is known stored
+        # hashed thread segment -> the lease tenure it was last seen named under (None: no leases)
+        self._named: dict[str, object] = {}
         # (thread, ns, holder, channel) -> ids of the objects that version is rebuilt from, and
         # (thread, ns) -> the read plan a reader finds there (remote storage: `_plan_for`)
         self._needs: dict[tuple[str, str, str, str], frozenset[str]] = {}
@@ -674,20 +675,26 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         except (FileNotFoundError, CorruptFileError):
             return None
 
-    def _name_thread(self, thread_id: str) -> None:
+    def _name_thread(self, thread_id: str, tenure: object) -> None:
         """Before a thread's first object, when its segment is a hash: store the id the hash
         stands for, so listings can name the thread (content first, what points at it after).
-        Once per process; a damaged or wrong name object is replaced."""
+        Once per lease tenure (`_writing`; once per process without leases): a name object
+        damaged or lost meanwhile is replaced by the first write after the lease was given back
+        and taken again, not only by another process's."""
         seg = lg_thread_segment(thread_id)
-        if not lg_hashed(seg) or seg in self._named:
+        if not lg_hashed(seg):
             return
+        with self._lock:
+            if seg in self._named and self._named[seg] is tenure:
+                return
         key, body = lg_name_key(seg), lg_name_body(thread_id)
         try:
             self.storage.put_if_absent(key, body)
         except FileExistsError:
             if self._name_of(seg) != thread_id:
                 self.storage.put(key, body)
-        self._named.add(seg)
+        with self._lock:
+            self._named[seg] = tenure
 
     def list(
         self,
@@ -858,7 +865,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         thread_id, ns, parent = self._ids(config)
         checkpoint_id = str(checkpoint["id"])
         key = lg_checkpoint_key(thread_id, ns, checkpoint_id)
-        with self._writing(thread_id):
+        with self._writing(thread_id) as tenure:
             c: dict[str, Any] = dict(checkpoint)
             values: dict[str, Any] = c.pop("channel_values", None) or {}
             versions: ChannelVersions = c.get("channel_versions") or {}
@@ -894,7 +901,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 "refs": refs,
             }
             data = fmt.pack(header, cbytes + mbytes, parts)
-            self._name_thread(thread_id)
+            self._name_thread(thread_id, tenure)
             if run_id is not None:
                 self._mark_run(str(run_id), thread_id, ns)
             plan = self._plan_for(thread_id, ns, checkpoint_id, refs, parts, fresh) if self._remote else None
@@ -1000,8 +1007,8 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         thread_id, ns, checkpoint_id = self._ids(config)
         if checkpoint_id is None:
             raise ValueError("put_writes needs config['configurable']['checkpoint_id']")
-        with self._writing(thread_id):
-            self._name_thread(thread_id)
+        with self._writing(thread_id) as tenure:
+            self._name_thread(thread_id, tenure)
             regular = sorted((i for i in items if i[0] >= 0), key=lambda i: i[0])
             special = [i for i in items if i[0] < 0]
             if regular:
@@ -1184,10 +1191,10 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every object byte for byte (they never name their thread); existing ones stay."""
         src, dst = lg_thread_prefix(str(source_thread_id)), lg_thread_prefix(str(target_thread_id))
-        with self._writing(str(target_thread_id), fresh=True):
+        with self._writing(str(target_thread_id), fresh=True) as tenure:
             keys = self.storage.list(src)
             if keys:
-                self._name_thread(str(target_thread_id))
+                self._name_thread(str(target_thread_id), tenure)
 
             def order(key: str) -> tuple[int, str]:
                 # holders and writes before the checkpoints that point at them, oldest first
@@ -1273,14 +1280,15 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         return next_version(current)
 
     @contextlib.contextmanager
-    def _writing(self, thread_id: str, *, fresh: bool = False, confirm: bool = True) -> Iterator[None]:
+    def _writing(self, thread_id: str, *, fresh: bool = False, confirm: bool = True) -> Iterator[object]:
         """Hold the thread for one write (`ThreadLeases.begin`/`end`): the keeper does not give
         it back as idle while the write is in flight, however long it takes, and with `confirm`
         the write is acknowledged only if the lease held, in the generation it began under,
         all through it (a write slower than the lease may have forked the thread); otherwise
-        ThreadBusyError, and the caller's in-memory state is left as it was."""
+        ThreadBusyError, and the caller's in-memory state is left as it was. Yields the tenure
+        (None without leases): a new object each time the lease is taken again."""
         if self.leases is None:
-            yield
+            yield None
             return
         tenure = self.leases.begin(thread_id, wait=self.busy_timeout, fresh=fresh)
         with self._lock:
@@ -1289,7 +1297,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 self._wrote &= set(self.leases.holding())
         done = False
         try:
-            yield
+            yield tenure
             done = True
         finally:
             self.leases.end(thread_id, tenure, confirm=done and confirm)
