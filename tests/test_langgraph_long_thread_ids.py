@@ -333,3 +333,26 @@ def test_a_live_saver_repairs_a_name_once_it_takes_the_thread_again(tmp_path: Pa
     code, doc, err = cli_json("verify", str(root))
     assert code == 0 and doc["findings"] == [], (doc, err)
     saver.close()
+
+
+def test_an_import_rerun_puts_back_a_lost_name(tmp_path: Path) -> None:
+    """`import-langgraph` again from the SqliteSaver file: every checkpoint is "already there",
+    so nothing was written and the thread whose name was lost stayed out of every listing."""
+    import sqlite3
+
+    from langgraph.checkpoint.sqlite import SqliteSaver
+
+    src, root = tmp_path / "src.sqlite", tmp_path / "store"
+    with sqlite3.connect(src, check_same_thread=False) as conn:
+        for thread in (CJK, "short"):
+            build(SqliteSaver(conn)).invoke({"log": []}, cfg(thread))  # type: ignore[arg-type]
+    code, doc, err = cli_json("import-langgraph", str(src), str(root))
+    assert code == 0 and doc["checkpoints"] == 6, (doc, err)
+    name = name_file(root, CJK)
+    name.unlink()
+    assert cli_json("verify", str(root))[0] == 1
+    code, doc, err = cli_json("import-langgraph", str(src), str(root))
+    assert code == 0 and doc["checkpoints"] == 0 and doc["skipped"] == 6, (doc, err)
+    code, doc, err = cli_json("threads", str(root))
+    assert code == 0 and sorted(r["thread_id"] for r in doc["threads"]) == sorted([CJK, "short"]), (doc, err)
+    assert cli_json("verify", str(root))[0] == 0

@@ -14,7 +14,8 @@ left it (an interrupt waits on its resume, time travel finds the old checkpoints
   `BaseCheckpointSaver`) is copied through `pending_writes`, in the order it gives them.
 * Oldest first per namespace, each checkpoint's writes before the checkpoint itself, and a
   checkpoint already in the store is skipped (its missing write objects are added): a rerun
-  after a crash or an interruption converges, and an import of a grown source adds the rest.
+  after a crash or an interruption converges, and an import of a grown source adds the rest;
+  it also stores again the name of a long thread (`langgraph/names/`) that the store lost.
 * Each thread is written under its lease (one writer per thread) and given back at once.
 * A thread that cannot be copied (another process writes it in the store; an id the saver
   refuses, e.g. over its length limit) is reported in `ImportReport.failed` with the reason,
@@ -37,6 +38,8 @@ from langgraph.checkpoint.base import WRITES_IDX_MAP, BaseCheckpointSaver, Check
 from ckptfs.errors import ConfigError, InvalidIdError
 from ckptfs.integrations.langgraph.keys import (
     lg_checkpoint_key,
+    lg_hashed,
+    lg_thread_segment,
     lg_write_key,
     lg_write_slot,
     lg_writes_prefix,
@@ -221,6 +224,8 @@ def _by_namespace(tuples: Iterator[CheckpointTuple]) -> dict[str, list[Checkpoin
 
 def _import_thread(source: Source, dest: CkptfsSaver, thread_id: str, report: ImportReport) -> None:
     spaces = _by_namespace(source.saver.list({"configurable": {"thread_id": thread_id}}))
+    if spaces and lg_hashed(lg_thread_segment(thread_id)):
+        dest.name_thread(thread_id)  # a rerun that copies nothing still puts back a lost name
     for ns, tuples in sorted(spaces.items()):
         present = set(dest.storage.list(lg_writes_prefix(thread_id, ns)))
         versions: dict[str, dict[str, Any]] = {}

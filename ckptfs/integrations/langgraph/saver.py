@@ -675,6 +675,13 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         except (FileNotFoundError, CorruptFileError):
             return None
 
+    def name_thread(self, thread_id: str) -> None:
+        """Store a long thread's id in `langgraph/names/` again if it is missing or wrong there
+        (`ckptfs verify`: lg-missing-name, lg-bad-name), under the thread's lease, without
+        writing a checkpoint: what `import-langgraph` does for a thread it finds complete."""
+        with self._writing(str(thread_id)) as tenure:
+            self._name_thread(str(thread_id), tenure)
+
     def _name_thread(self, thread_id: str, tenure: object) -> None:
         """Before a thread's first object, when its segment is a hash: store the id the hash
         stands for, so listings can name the thread (content first, what points at it after).
