@@ -356,3 +356,31 @@ def test_an_import_rerun_puts_back_a_lost_name(tmp_path: Path) -> None:
     code, doc, err = cli_json("threads", str(root))
     assert code == 0 and sorted(r["thread_id"] for r in doc["threads"]) == sorted([CJK, "short"]), (doc, err)
     assert cli_json("verify", str(root))[0] == 0
+
+
+def test_mirror_goes_on_past_a_name_it_cannot_read(tmp_path: Path) -> None:
+    """A name object linked out of the store stopped `ckptfs mirror` with "corrupt: ..." and no
+    report, and as names/ sorts before threads/, no thread reached the mirror. Now that file
+    is missing from the pass (exit 1, named), everything else is copied and readable there."""
+    src, dst = tmp_path / "src", tmp_path / "mirror"
+    saver = CkptfsSaver(str(src))
+    for thread in (CJK, "short"):
+        build(saver).invoke({"log": []}, cfg(thread))
+    saver.close()
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps({"thread_id": CJK}), encoding="utf-8")
+    name = name_file(src, CJK)
+    name.unlink()
+    name.symlink_to(outside)
+    code, out, err = cli("mirror", str(src), str(dst), "--once")
+    assert code == 1 and f"langgraph/names/{name.name}" in out + err, (out, err)
+    assert "incomplete" in out, out
+    code, doc, err = cli_json("threads", str(dst))
+    assert code == 0 and [r["thread_id"] for r in doc["threads"]] == ["short"], (doc, err)
+    assert build(CkptfsSaver(str(dst))).get_state(cfg(CJK)).next == ("review",)  # its objects came
+    name.unlink()
+    name.write_text(json.dumps({"thread_id": CJK}, ensure_ascii=False), encoding="utf-8")
+    code, out, err = cli("mirror", str(src), str(dst), "--once")
+    assert code == 0, (out, err)
+    code, doc, err = cli_json("threads", str(dst))
+    assert code == 0 and sorted(r["thread_id"] for r in doc["threads"]) == sorted([CJK, "short"]), (doc, err)

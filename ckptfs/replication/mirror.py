@@ -52,6 +52,7 @@ from typing import Any
 
 from ckptfs.errors import (
     ConfigError,
+    CorruptFileError,
     StorageUnavailableError,
 )
 from ckptfs.format.keys import namespace_plugin
@@ -225,6 +226,12 @@ class Mirror:
                     data = self.src.get(key)
                 except FileNotFoundError:
                     vanished = True
+                    continue
+                except CorruptFileError as exc:
+                    # a link out of the store, a FIFO: never read; that file is missing from
+                    # the pass (so nothing is deleted from the mirror), the others are copied
+                    res.missing.append(key)
+                    res.error = str(exc)
                     continue
                 self._send_langgraph(key, data, key in present, res, progress)
             if not vanished:
