@@ -384,3 +384,28 @@ def test_mirror_goes_on_past_a_name_it_cannot_read(tmp_path: Path) -> None:
     assert code == 0, (out, err)
     code, doc, err = cli_json("threads", str(dst))
     assert code == 0 and sorted(r["thread_id"] for r in doc["threads"]) == sorted([CJK, "short"]), (doc, err)
+
+
+def test_a_busy_long_thread_is_named_by_its_start(tmp_path: Path) -> None:
+    """ThreadBusyError (and the lease keeper's log lines) quoted the whole id: a 1 MiB thread
+    id made a 1 MiB message in every log and in `import-langgraph`'s report of failures. The
+    message shows its start and length; `thread_id` keeps it whole."""
+    from ckptfs.integrations.langgraph.ownership import ThreadBusyError, ThreadLeases
+
+    big = "user@example.com/" + "é" * (1 << 19)
+    a = ThreadLeases(open_storage(str(tmp_path)), ttl=2.0, holder="A")
+    b = ThreadLeases(open_storage(str(tmp_path)), ttl=2.0, holder="B")
+    try:
+        a.ensure(big)
+        with pytest.raises(ThreadBusyError) as err:
+            b.ensure(big)
+        assert err.value.thread_id == big and err.value.holder == "A"
+        msg = str(err.value)
+        assert len(msg) < 400 and "'user@example.com/éé" in msg and f"{len(big)} characters" in msg, msg[:400]
+        with pytest.raises(ThreadBusyError) as short:
+            a.ensure("t")
+            b.ensure("t")
+        assert "thread 't' is written by A" in str(short.value)
+    finally:
+        a.release(big)
+        a.release("t")

@@ -76,7 +76,16 @@ class ThreadBusyError(CkptfsError):
         self.thread_id = thread_id
         self.holder = holder
         who = holder if holder else "another process"
-        super().__init__(f"LangGraph thread {thread_id!r} is written by {who}: {detail}")
+        super().__init__(f"LangGraph thread {shown(thread_id)} is written by {who}: {detail}")
+
+
+def shown(thread_id: str) -> str:
+    """A thread id for a message or a log line: whole up to 80 characters, else its start (ids
+    have no length limit; a megabyte one made every such line a megabyte). `thread_id` on the
+    error keeps it whole."""
+    if len(thread_id) <= 80:
+        return repr(thread_id)
+    return f"{thread_id[:60]!r}... ({len(thread_id)} characters)"
 
 
 class ThreadLeaseRecord(BaseModel):
@@ -552,10 +561,10 @@ class ThreadLeases:
             if gone:
                 del self._held[thread_id]
         if gone:
-            logger.warning("thread lease of %r: not renewed before its deadline (%s); dropped",
-                           thread_id, exc)
+            logger.warning("thread lease of %s: not renewed before its deadline (%s); dropped",
+                           shown(thread_id), exc)
         elif held is not None:
-            logger.info("thread lease of %r: renewal failed (%s); retrying", thread_id, exc)
+            logger.info("thread lease of %s: renewal failed (%s); retrying", shown(thread_id), exc)
 
     def _beat(self, thread_id: str) -> None:
         with self._thread_lock(thread_id):
