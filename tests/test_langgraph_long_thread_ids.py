@@ -409,3 +409,59 @@ def test_a_busy_long_thread_is_named_by_its_start(tmp_path: Path) -> None:
     finally:
         a.release(big)
         a.release("t")
+
+
+def test_a_huge_file_at_a_name_is_refused_by_size(tmp_path: Path) -> None:
+    """A 3 GB (sparse) file planted at a thread's name: `ckptfs threads`, `list(None)` and verify
+    read it whole (3.2 GB of memory, or MemoryError). Now its size is looked at first: the thread
+    is skipped (and named by verify) in a process limited to 1.5 GB of address space."""
+    import resource
+    import subprocess
+    import sys
+
+    root = tmp_path / "store"
+    saver = CkptfsSaver(str(root))
+    build(saver).invoke({"log": []}, cfg(CJK))
+    build(saver).invoke({"log": []}, cfg("short"))
+    saver.close()
+    with name_file(root, CJK).open("r+b") as f:
+        f.truncate(3 << 30)
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 29, 3 << 29))
+
+    exe = str(Path(sys.executable).parent / "ckptfs")
+    for args in (["threads", str(root), "--json"], ["verify", str(root), "--json"]):
+        proc = subprocess.run([exe, *args], capture_output=True, text=True, timeout=120, preexec_fn=limit)
+        doc = json.loads(proc.stdout)
+        if args[0] == "threads":
+            assert proc.returncode == 0 and [r["thread_id"] for r in doc["threads"]] == ["short"], proc.stderr
+        else:
+            bad = [f for f in doc["findings"] if f["code"] == "lg-bad-name"]
+            assert proc.returncode == 1 and bad and "bytes" in bad[0]["message"], doc
+    code = ("import sys; from ckptfs.integrations.langgraph import CkptfsSaver; "
+            "s = CkptfsSaver(sys.argv[1]); "
+            "print(sorted({t.config['configurable']['thread_id'] for t in s.list(None)}))")
+    proc = subprocess.run([sys.executable, "-c", code, str(root)], capture_output=True, text=True,
+                          timeout=120, preexec_fn=limit)
+    assert proc.returncode == 0 and proc.stdout.strip() == "['short']", proc.stderr
+
+
+def test_an_id_past_a_million_characters_is_refused_with_nothing_written(tmp_path: Path) -> None:
+    saver = CkptfsSaver(str(tmp_path))
+    with pytest.raises(InvalidIdError, match=r"1,048,577 characters long; the limit is 1,048,576"):
+        build(saver).invoke({"log": []}, cfg("x" * ((1 << 20) + 1)))
+    assert not any((tmp_path / "langgraph" / d).exists() for d in ("threads", "names"))
+    build(saver).invoke({"log": []}, cfg("x" * (1 << 20)))  # the limit itself is a thread
+    assert len(list(saver.list(None))) == 3
+
+
+def test_deleting_a_long_thread_deletes_its_name_too(tmp_path: Path) -> None:
+    """The name kept a deleted thread's id (often a user's address) in the store and its mirrors."""
+    saver = CkptfsSaver(str(tmp_path))
+    build(saver).invoke({"log": []}, cfg(HUGE))
+    saver.delete_thread(HUGE)
+    assert not name_file(tmp_path, HUGE).exists() and list(saver.list(None)) == []
+    build(saver).invoke({"log": []}, cfg(HUGE))  # the same saver writes it again: named again
+    assert name_file(tmp_path, HUGE).is_file()
+    assert {t.config["configurable"]["thread_id"] for t in CkptfsSaver(str(tmp_path)).list(None)} == {HUGE}

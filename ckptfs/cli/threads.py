@@ -113,14 +113,10 @@ def _namespaces(storage: Storage, thread_seg: str) -> Iterator[list[Namespace]]:
 
 def thread_name(storage: Storage, seg: str) -> str | None:
     """The thread id a thread directory stands for (None: a hashed one whose name is lost)."""
-    from ckptfs.integrations.langgraph.keys import lg_decode, lg_hashed, lg_name_key, lg_parse_name
+    from ckptfs.integrations.langgraph.keys import lg_decode, lg_hashed
+    from ckptfs.integrations.langgraph.names import read_name
 
-    if not lg_hashed(seg):
-        return lg_decode(seg)
-    try:
-        return lg_parse_name(seg, storage.get(lg_name_key(seg)))
-    except (FileNotFoundError, CkptfsError):
-        return None
+    return read_name(storage, seg) if lg_hashed(seg) else lg_decode(seg)
 
 
 def list_threads(args: argparse.Namespace, storage: Storage) -> int:

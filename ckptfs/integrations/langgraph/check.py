@@ -32,6 +32,7 @@ from ckptfs.integrations.langgraph.keys import (
     lg_parse_plan,
     lg_threads_prefix,
 )
+from ckptfs.integrations.langgraph.names import read_name_body
 from ckptfs.storage.base import Storage
 from ckptfs.storage.local import LocalStorage
 from ckptfs.storage.logfile import RecordLog
@@ -167,10 +168,10 @@ def _check_name(storage: Storage, key: str) -> Iterator[Problem]:
     """A hashed thread's name object: it must hold an id that hashes to its key, or the thread
     drops out of every listing (`list(None)`, `ckptfs threads`)."""
     try:
-        body = storage.get(key)
+        body = read_name_body(storage, key)
     except FileNotFoundError:
         return
-    except CkptfsError as exc:  # a link, a FIFO, unreadable: one finding, and verify goes on
+    except CkptfsError as exc:  # a link, a FIFO, too large: one finding, and verify goes on
         yield ("error", "lg-bad-name", f"thread name cannot be read ({exc}): the thread it names is "
                "left out of listings until its next write replaces it", key)
         return

@@ -36,6 +36,10 @@ from ckptfs.errors import InvalidIdError
 
 LG_ROOT = "langgraph"
 LG_MAX_SEGMENT = 200
+# A thread id may be long (its segment is then a hash), but not unbounded: its name object is
+# read whole by every listing, so a bound on ids is a bound on what a listing reads.
+LG_MAX_THREAD_ID = 1 << 20  # characters
+LG_MAX_NAME_BYTES = 6 * LG_MAX_THREAD_ID + 64  # its JSON: at most 6 bytes a character (\uXXXX)
 _LG_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _ALL_SAFE = re.compile(r"[A-Za-z0-9_-]+")  # ASCII only: no re.UNICODE class, so 'é' or '٣' do not match
 
@@ -116,6 +120,9 @@ def lg_thread_segment(thread_id: str) -> str:
     """A thread's key segment: its encoding, or "~" + sha256 of the id when that is too long
     (`lg_name_key` then holds the id). SqliteSaver takes thread ids of any length; so do we."""
     if isinstance(thread_id, str) and len(thread_id) > LG_MAX_SEGMENT:
+        if len(thread_id) > LG_MAX_THREAD_ID:
+            raise InvalidIdError(f"thread_id {thread_id[:40]!r}... is {len(thread_id):,} characters "
+                                 f"long; the limit is {LG_MAX_THREAD_ID:,}")
         return "~" + _sha256(thread_id, "thread_id")  # its encoding is longer still
     try:
         return lg_encode(thread_id, "thread_id")

@@ -63,7 +63,6 @@ from ckptfs.integrations.langgraph.keys import (
     lg_name_body,
     lg_name_key,
     lg_ns_prefix,
-    lg_parse_name,
     lg_parse_plan,
     lg_plan_key,
     lg_run_marker_key,
@@ -76,6 +75,7 @@ from ckptfs.integrations.langgraph.keys import (
     lg_writes_prefix,
 )
 from ckptfs.integrations.langgraph.memory import Loaded, ParsedCache, ValueCache
+from ckptfs.integrations.langgraph.names import read_name
 from ckptfs.integrations.langgraph.ownership import (
     DEFAULT_IDLE,
     DEFAULT_TTL,
@@ -670,10 +670,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
 
     def _name_of(self, segment: str) -> str | None:
         """The id of a thread whose segment is a hash, from its name object (None: missing or bad)."""
-        try:
-            return lg_parse_name(segment, self.storage.get(lg_name_key(segment)))
-        except (FileNotFoundError, CorruptFileError):
-            return None
+        return read_name(self.storage, segment)
 
     def name_thread(self, thread_id: str) -> None:
         """Store a long thread's id in `langgraph/names/` again if it is missing or wrong there
@@ -1044,6 +1041,12 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             self.storage.delete_many(ckpts)
             ckpt_set = set(ckpts)
             self.storage.delete_many([key for key in keys if key not in ckpt_set])
+            seg = lg_thread_segment(thread_id)
+            if lg_hashed(seg):  # last: a thread half deleted by a crash is still named
+                with contextlib.suppress(FileNotFoundError):
+                    self.storage.delete(lg_name_key(seg))
+                with self._lock:
+                    self._named.pop(seg, None)
         self._forget(thread_id)
 
     def _forget(self, thread_id: str, ns: str | None = None) -> None:
