@@ -20,10 +20,11 @@ from __future__ import annotations
 # '..' or contain a separator, and the encoding is reversible. The namespace segment is "_" + the
 # encoding ("_" alone is the root namespace ""); one whose encoding passes 200 characters becomes
 # "~" + sha256 (the real namespace is stored inside each object). A thread id past 200 encoded
-# characters (23 CJK characters are enough) becomes "~" + sha256 too, its real id kept in
-# `names/<sha256>`, written before anything of the thread (objects never name their thread, so
-# copying one stays byte for byte). "~" never starts an encoding, so a hash and an id cannot
-# meet. Other ids over 200 encoded characters are refused. Encoding keeps uuid6 checkpoint ids
+# characters (24 CJK characters are enough; at most LG_MAX_THREAD_ID) becomes "~" + sha256 too,
+# its real id kept in `names/<sha256>`, written before anything of the thread and deleted after
+# everything of it (objects never name their thread, so copying one stays byte for byte). "~"
+# never starts an encoding, so a hash and an id cannot meet. Other ids over 200 encoded
+# characters are refused. Encoding keeps uuid6 checkpoint ids
 # unchanged, so a listing sorts by time.
 import functools
 import hashlib
