@@ -567,7 +567,7 @@ class LogStorage(Storage):
             raise CorruptFileError(key, "its log kept changing under the read")
         return self.inner.get_with_etag(key)
 
-    def newest(self, prefix: str, beside: Callable[[str], str] | None = None
+    def newest(self, prefix: str, beside: Callable[[str], str] | None = None, *, current: bool = False
                ) -> tuple[str, bytes, list[str]] | None:
         """The greatest key under `prefix`, its bytes and the keys under `beside(key)` (None: no
         key there): `list(prefix)[-1]`, `get` and `list(beside(key))` in one look at the group's
@@ -585,14 +585,24 @@ class LogStorage(Storage):
         unreadable written after the answer's record (`_Group.hidden`). An older state served
         as the newest is the one wrong answer a checkpoint reader must never get; a log with no
         damage pays one truth test for this.
+
+        `current`: the caller knows that nobody else has written the group since this object's
+        last look at it with `current` False (it held the group's one-writer lease all along,
+        and no other object writes it in the process): the two stats that look for others'
+        appends and for plain files are skipped when that look found only the log (a look
+        either compares a settled directory stamp or lists the directory, so it is true then
+        even in the "racy" tick after the directory changed, when only a listing would do).
+        They are most of a warm read's cost beside the deserialisation; SQLite's reads make no
+        syscall at all.
         """
         group = self.group_of(prefix)
         if group is not None and prefix.startswith(group):
             for _ in range(3):  # another process can rewrite the file between our index and the read
                 with self._held(group) as g:
-                    g.sync()
-                    if not g.only_log():
-                        break  # plain files may be there too: list them (below)
+                    if not (current and g.synced and not g.loose):
+                        g.sync()
+                        if not g.only_log():
+                            break  # plain files may be there too: list them (below)
                     memo = g.memo
                     if memo is not None and memo[0] == prefix and (
                             None if beside is None else beside(memo[2])) == memo[1]:

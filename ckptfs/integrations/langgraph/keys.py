@@ -256,6 +256,7 @@ def lg_lease_key(thread_id: str) -> str:
     return f"{lg_leases_prefix()}{lg_thread_segment(thread_id)}.lease"
 
 
+@functools.lru_cache(maxsize=8192)  # every read and write asks it of the same few prefixes
 def lg_group_of(key: str) -> str | None:
     """The thread-namespace prefix a key (or listing prefix) falls in, or None above that level."""
     parts = key.split("/")

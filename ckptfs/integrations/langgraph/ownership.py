@@ -337,6 +337,17 @@ class ThreadLeases:
                               "checkpoints supersede): read the thread again (a new invoke) "
                               "before writing")
 
+    def trusted(self, thread_id: str) -> Tenure | None:
+        """The lease this process holds on the thread if it is trusted now, else None: while it
+        is, no other process can have written the thread since the lease was taken (a reader
+        may rely on what it last saw). A read does not count as use: it never keeps a lease."""
+        now = self.clock()
+        with self._lock:
+            held = self._held.get(thread_id)
+            if held is not None and not held.lost and now < held.deadline:
+                return held
+        return None
+
     def _fast(self, thread_id: str, tenure: Tenure | None = None) -> bool:
         now = self.clock()
         with self._lock:
@@ -489,6 +500,9 @@ class ThreadLeases:
     def reread(self, thread_id: str) -> None:
         """The caller just read the thread's newest checkpoint: what it writes next extends that,
         so a write by another process before now is no longer a reason to refuse."""
+        held = self._held.get(thread_id)
+        if thread_id not in self._known and (held is None or not held.lost):
+            return  # nothing to forget (most reads): no lock taken
         with self._lock:
             self._known.pop(thread_id, None)
             held = self._held.get(thread_id)

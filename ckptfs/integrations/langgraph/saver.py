@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import collections
 import contextlib
 import functools
 import json
 import logging
 import operator
+import os
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -113,6 +116,31 @@ DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 _MAX_WROTE = 10_000
 _CKPT = "ckpt/"
 _HELD = "held/"
+# Savers per local store root (its real path, links resolved: a root may not exist yet) in
+# this process: live now, and made so far. A saver that is the only one on its store, and has been
+# since it last looked, may read a thread it holds the lease of without looking for others'
+# appends (`_sole_tenure`); another saver, whatever its options, writes through objects the
+# first cannot see, even one made and closed in between.
+_Root = str
+_savers_on: collections.Counter[_Root] = collections.Counter()
+_savers_made: collections.Counter[_Root] = collections.Counter()
+_savers_lock = threading.Lock()
+
+
+def _unregister(root: _Root | None) -> None:
+    if root is None:
+        return
+    with _savers_lock:
+        _savers_on[root] -= 1
+        if _savers_on[root] <= 0:
+            del _savers_on[root]
+
+
+def _local_root(storage: Storage) -> _Root | None:
+    inner = storage.inner if isinstance(storage, LogStorage) else storage
+    return os.path.realpath(inner.root) if isinstance(inner, LocalStorage) else None
+
+
 _PLAN_BODY = b"plan\n"  # a read plan is its key; not empty: an exclusive PUT (copy_thread) refuses b""
 _MAX_NEEDS = 100_000  # remembered read sets (`_needs`); past this they are forgotten at once
 
@@ -235,6 +263,15 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             storage = open_storage(url, storage_options)
         if log and isinstance(storage, LocalStorage):
             storage = LogStorage(storage, lg_group_of)
+        self._root = _local_root(storage)
+        if self._root is not None:
+            with _savers_lock:
+                _savers_on[self._root] += 1
+                _savers_made[self._root] += 1
+        self._unregister = weakref.finalize(self, _unregister, self._root)  # close(), or when collected
+        # (thread, ns) -> (lease tenure, savers made on the store) when this saver last read the
+        # namespace looking for others' writes, alone on its store: `_sole_tenure`
+        self._current: dict[tuple[str, str], tuple[object, int]] = {}
         if not isinstance(full_every, int) or full_every < 1:
             raise ConfigError(f"full_every must be an integer >= 1, got {full_every!r}")
         self.storage: Storage = storage
@@ -492,6 +529,20 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         if self.leases is not None and not conf.get("checkpoint_ns"):
             self.leases.reread(str(conf["thread_id"]))
 
+    def _sole_tenure(self, thread_id: str) -> tuple[object, int] | None:
+        """(tenure of this process's trusted lease on the thread, savers made on the store so
+        far) when this saver is the only live one on its local store, else None. While the
+        lease is trusted nobody else can write the thread (other processes need it;
+        `exclusive=False` anywhere turns the rule off, and this with it), and while no other
+        saver is made here nobody in this process can either; so a namespace this saver read,
+        looking, under the same pair (`_current`) is read without the stats that look for
+        others' appends."""
+        if self.leases is None or self._root is None or _savers_on.get(self._root) != 1:
+            return None  # (reads of one int each: no lock needed to see a saver made before)
+        made = _savers_made[self._root]
+        tenure = self.leases.trusted(thread_id)
+        return None if tenure is None else (tenure, made)
+
     def _get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """Requests, newest checkpoint: on local disk one look at the log's index (key, bytes
         and pending-write keys together); on S3, by a saver that has seen the thread's newest
@@ -505,8 +556,12 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         prefix = lg_ns_prefix(thread_id, ns)
         for _ in range(3):  # a concurrent prune can remove the newest between list and get
             if checkpoint_id is None and isinstance(self.storage, LogStorage):
+                sole = self._sole_tenure(thread_id)
+                seen = self._current.get((thread_id, ns))
+                current = sole is not None and seen is not None and seen[0] is sole[0] and seen[1] == sole[1]
                 try:
-                    newest = self.storage.newest(prefix + _CKPT, functools.partial(_writes_of, prefix))
+                    newest = self.storage.newest(prefix + _CKPT, functools.partial(_writes_of, prefix),
+                                                 current=current)
                     if newest is not None and lg_is_plan(newest[0]):
                         # read plans copied from S3 (a mirror) sort last: the newest checkpoint is below
                         keys = _checkpoint_keys(self.storage.list(prefix + _CKPT))
@@ -516,6 +571,8 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                             last, self.storage.get(last), self.storage.list(_writes_of(prefix, last)))
                 except FileNotFoundError:
                     continue
+                if sole is not None and not current:
+                    self._current[(thread_id, ns)] = sole  # it looked, alone and under the lease
                 if newest is None:
                     return None
                 key, data, wkeys = newest
@@ -1056,6 +1113,8 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 del self._last[k]
             for k in [k for k in self._newest if k[0] == thread_id and (ns is None or k[1] == ns)]:
                 del self._newest[k]
+            for k in [k for k in self._current if k[0] == thread_id and (ns is None or k[1] == ns)]:
+                del self._current[k]
             for k in [k for k in self._plans if k[0] == thread_id and (ns is None or k[1] == ns)]:
                 del self._plans[k]
             for n in [n for n in self._needs if n[0] == thread_id and (ns is None or n[1] == ns)]:
@@ -1333,6 +1392,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
     def close(self) -> None:
         """Release this process's threads on the store and close cached handles."""
         self.release()
+        self._unregister()
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
