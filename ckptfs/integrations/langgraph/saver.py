@@ -117,10 +117,10 @@ _MAX_WROTE = 10_000
 _CKPT = "ckpt/"
 _HELD = "held/"
 # Savers per local store root (its real path, links resolved: a root may not exist yet) in
-# this process: live now, and made so far. A saver that is the only one on its store, and has been
-# since it last looked, may read a thread it holds the lease of without looking for others'
-# appends (`_sole_tenure`); another saver, whatever its options, writes through objects the
-# first cannot see, even one made and closed in between.
+# this process: live now, and made so far. A saver that is the only one on its store, and has
+# been since it last looked, may read a thread it holds the lease of without looking for
+# others' appends (`_sole_tenure`); another saver, whatever its options, writes through
+# objects the first cannot see, even one made and closed in between.
 _Root = str
 _savers_on: collections.Counter[_Root] = collections.Counter()
 _savers_made: collections.Counter[_Root] = collections.Counter()
@@ -572,6 +572,8 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 except FileNotFoundError:
                     continue
                 if sole is not None and not current:
+                    if len(self._current) >= _MAX_WROTE:  # a long-lived saver: start over
+                        self._current.clear()
                     self._current[(thread_id, ns)] = sole  # it looked, alone and under the lease
                 if newest is None:
                     return None
