@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import AliasChoices, ConfigDict, Field
 
 from ckptfs import AgentRun, Step, ToolCall
 
@@ -70,3 +71,83 @@ def test_a_subclass_of_step_is_a_working_step(tmp_path: Any) -> None:
         loaded = fresh.load_run("papers")
     assert loaded is not None and loaded.steps["a"].metadata == {"pages": 12}
     assert loaded.steps["b"].dependencies == ["a"]
+
+
+class AliasedStep(Step):
+    paper_id: str = Field("", alias="paperId")
+
+
+class ChoiceStep(Step):
+    model_config = ConfigDict(validate_assignment=True, populate_by_name=True)
+    paper_id: str = Field("", validation_alias=AliasChoices("paperId", "pid"))
+
+
+class FromPaper(Step):
+    """A constructor of the user's own: its signature says what it takes."""
+
+    def __init__(self, paper: str, **kw: Any) -> None:
+        super().__init__(id=paper, title=f"read {paper}", **kw)
+
+
+class OpenStep(Step):
+    model_config = ConfigDict(validate_assignment=True, extra="allow")
+
+
+def test_what_pydantic_takes_a_subclass_takes_too() -> None:
+    """The check refused every keyword that was not a field name: a subclass's aliases
+    (`Field(alias=...)`, `validation_alias`), the keywords of its own `__init__`, and the extra
+    fields of an `extra="allow"` model were all TypeErrors, so such subclasses could not be
+    built at all."""
+    assert AliasedStep(id="a", title="t", paperId="p").paper_id == "p"
+    assert ChoiceStep(id="a", title="t", pid="p").paper_id == "p"
+    assert ChoiceStep(id="a", title="t", paper_id="p").paper_id == "p"  # populate_by_name
+    assert FromPaper(paper="p1", milestone=True).title == "read p1"
+    assert OpenStep(id="a", title="t", source="web").model_extra == {"source": "web"}
+    with pytest.raises(TypeError, match=r"'paper_id'.*did you mean 'paperId'"):
+        AliasedStep(id="a", title="t", paper_id="p")  # pydantic would drop it: no populate_by_name
+    with pytest.raises(TypeError, match="'depends_on'"):
+        ChoiceStep(id="a", title="t", depends_on=["x"])
+
+
+def test_a_typo_in_a_nested_dict_is_refused_too() -> None:
+    """`AgentRun(steps={"b": {..., "depends_on": ["a"]}})` made step b with no dependencies (it
+    ran first), and `Step(tool_calls=[{"tool": ...}])` lost the key: the dicts of a call were
+    validated as a load validates them, where unknown keys are ignored."""
+    with pytest.raises(TypeError) as info:
+        AgentRun(goal="g", steps={"a": {"id": "a", "title": "a"},
+                                  "b": {"id": "b", "title": "b", "depends_on": ["a"]}})
+    assert "AgentRun.steps['b'] (Step) has unexpected key(s) 'depends_on'" in str(info.value)
+    assert "did you mean 'dependencies'?" in str(info.value)
+    with pytest.raises(TypeError, match=r"Step.tool_calls\[0\] \(ToolCall\) has unexpected key\(s\) 'tool'"):
+        Step(id="a", title="t", tool_calls=[{"tool": "x", "arguments": {}}])
+    with pytest.raises(TypeError, match=r"AgentRun.steps\['a'\].tool_calls\[0\] \(ToolCall\)"):
+        AgentRun(goal="g", steps={"a": {"id": "a", "title": "t",
+                                        "tool_calls": [{"tool_name": "x", "argumentz": {}}]}})
+    run = AgentRun(goal="g", steps={"a": {"id": "a", "title": "a"},
+                                    "b": {"id": "b", "title": "b", "dependencies": ["a"]}})
+    assert [s.id for s in run.get_ready_steps()] == ["a"]
+    # what a load reads stays lenient, nested or not
+    assert AgentRun.model_validate({"goal": "g", "steps": {"a": {"id": "a", "title": "a", "zz": 1}}})
+
+
+def test_an_exported_run_builds_again_by_keywords(tmp_path: Any) -> None:
+    """`ckptfs export`'s "run" member is the run's fields: AgentRun(**doc["run"]) rebuilds it."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ckptfs import CheckpointStore
+
+    run = AgentRun(run_id="exp", goal="g")
+    run.add_step(Step(id="a", title="a", tool_calls=[ToolCall(tool_name="t", arguments={"q": 1})]))
+    run.add_step(Step(id="b", title="b", dependencies=["a"], metadata={"k": [1]}))
+    with CheckpointStore(str(tmp_path / "s")) as store:
+        store.save_run(run)
+    cli = str(Path(sys.executable).parent / "ckptfs")
+    out = tmp_path / "e.json"
+    proc = subprocess.run([cli, "export", str(tmp_path / "s"), "exp", "--output", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    again = AgentRun(**json.loads(out.read_text())["run"])
+    assert again.steps["b"].dependencies == ["a"] and again.steps["a"].tool_calls[0].arguments == {"q": 1}

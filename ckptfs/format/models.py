@@ -13,11 +13,13 @@ import re
 import sys
 import time
 import uuid
+import weakref
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from enum import Enum
-from typing import TYPE_CHECKING, Any, cast
+from types import UnionType
+from typing import TYPE_CHECKING, Any, Union, cast, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, AliasPath, BaseModel, ConfigDict, Field, field_validator
 
 from ckptfs.errors import InvalidIdError
 
@@ -61,20 +63,110 @@ else:
 class _KnownFields(_ModelMeta):
     """Models users build by hand: a keyword that is no field (`Step(depends_on=[...])`) is a
     TypeError naming it, as for any Python call, instead of a step silently without its
-    dependencies. Checked where a call builds the model, in the metaclass: `model_validate`
-    (every load) never passes here, so files a newer version wrote, with fields this one does
-    not know, still load, and the check costs a load nothing (a custom `__init__` would be run
-    by `model_validate` too)."""
+    dependencies; so is such a key in a dict given for a nested model (`AgentRun(steps={"b":
+    {"id": "b", ..., "depends_on": [...]}})`, `Step(tool_calls=[{"tool": ...}])`), which
+    pydantic validates as a load would. Checked where a call builds the model, in the
+    metaclass: `model_validate` (every load) never passes here, so files a newer version
+    wrote, with fields this one does not know, still load, and the check costs a load nothing
+    (a custom `__init__` would be run by `model_validate` too).
+
+    A keyword is known if pydantic takes it: a field's name, or its alias (`Field(alias=...)`,
+    `validation_alias`, an `alias_generator`) as the model's config admits them. A subclass
+    that decides for itself is left to pydantic: one with its own `__init__` (its signature
+    says what it takes) or with `extra="allow"` / `"forbid"`."""
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        known = cast("type[BaseModel]", cls).model_fields
-        if not kwargs.keys() <= known.keys():
-            unknown = sorted(kwargs.keys() - known.keys())
-            hint = difflib.get_close_matches(unknown[0], list(known), n=1)
-            also = f" (did you mean {hint[0]!r}?)" if hint else ""
-            raise TypeError(f"{cls.__name__}() got unexpected keyword argument(s) "
-                            f"{', '.join(map(repr, unknown))}{also}; its fields are {', '.join(known)}")
+        _check_keys(cast("type[BaseModel]", cls), kwargs, f"{cls.__name__}()")
         return super().__call__(*args, **kwargs)
+
+
+# Per model class: the keywords its constructor takes (None: pydantic decides), and the fields
+# whose values may be dicts for a model of this metaclass (how deep: a model, a list or a dict
+# of them). Computed once per class; weak, so classes made at run time can go.
+_KEYS: weakref.WeakKeyDictionary[type, tuple[frozenset[str] | None, dict[str, tuple[str, type]]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _aliases(info: Any) -> list[str]:
+    alias = info.validation_alias if info.validation_alias is not None else info.alias
+    if alias is None:
+        return []
+    choices = alias.choices if isinstance(alias, AliasChoices) else [alias]
+    out = []
+    for choice in choices:
+        if isinstance(choice, AliasPath):
+            choice = choice.path[0]
+        if isinstance(choice, str):
+            out.append(choice)
+    return out
+
+
+def _nested_model(annotation: Any) -> tuple[str, type] | None:
+    """("one" | "list" | "dict", model) when a field holds models of this metaclass."""
+    if isinstance(annotation, type) and isinstance(annotation, _KnownFields):
+        return "one", annotation
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin in (list, Sequence) and len(args) == 1 and isinstance(args[0], _KnownFields):
+        return "list", args[0]
+    if origin in (dict, Mapping) and len(args) == 2 and isinstance(args[1], _KnownFields):
+        return "dict", args[1]
+    if origin in (Union, UnionType):
+        found = [n for a in args if a is not type(None) and (n := _nested_model(a)) is not None]
+        return found[0] if len(found) == 1 else None
+    return None
+
+
+def _keys_of(cls: type[BaseModel]) -> tuple[frozenset[str] | None, dict[str, tuple[str, type]]]:
+    got = _KEYS.get(cls)
+    if got is not None:
+        return got
+    cfg = cls.model_config
+    nested = {name: n for name, info in cls.model_fields.items()
+              if (n := _nested_model(info.annotation)) is not None}
+    accepted: frozenset[str] | None = None
+    if cls.__init__ is BaseModel.__init__ and cfg.get("extra") in (None, "ignore"):
+        by_name = bool(cfg.get("validate_by_name") or cfg.get("populate_by_name"))
+        by_alias = cfg.get("validate_by_alias", True) is not False
+        keys: set[str] = set()
+        for name, info in cls.model_fields.items():
+            aliases = _aliases(info)
+            if not aliases or by_name:
+                keys.add(name)
+            if by_alias:
+                keys.update(aliases)
+        accepted = frozenset(keys)
+    _KEYS[cls] = accepted, nested
+    return accepted, nested
+
+
+def _check_keys(cls: type[BaseModel], given: Mapping[str, Any], where: str) -> None:
+    accepted, nested = _keys_of(cls)
+    if accepted is None:
+        return
+    if not given.keys() <= accepted:
+        unknown = sorted(given.keys() - accepted, key=str)
+        hint = difflib.get_close_matches(str(unknown[0]), sorted(accepted), n=1)
+        also = f" (did you mean {hint[0]!r}?)" if hint else ""
+        what = (f"{where} got unexpected keyword argument(s)" if where.endswith("()")
+                else f"{where} ({cls.__name__}) has unexpected key(s)")
+        raise TypeError(f"{what} {', '.join(map(repr, unknown))}{also}; "
+                        f"its fields are {', '.join(cls.model_fields)}")
+    for name, (shape, model) in nested.items():
+        value = given.get(name)
+        if value is None:
+            continue
+        if shape == "one":
+            items: Iterable[tuple[object, Any]] = [(None, value)]
+        elif shape == "list" and isinstance(value, (list, tuple)):
+            items = enumerate(value)
+        elif shape == "dict" and isinstance(value, Mapping):
+            items = value.items()
+        else:
+            continue
+        for key, item in items:
+            if isinstance(item, Mapping) and all(isinstance(k, str) for k in item):
+                _check_keys(cast("type[BaseModel]", model), item,
+                            f"{where.removesuffix('()')}.{name}" + ("" if key is None else f"[{key!r}]"))
 
 
 def _short_uuid() -> str:
