@@ -118,6 +118,19 @@ class UnstorableValueError(CkptfsError, ValueError):
         super().__init__(f"{': '.join(where)}: {reason}; refused, nothing was written")
 
 
+def error_text(exc: BaseException) -> str:
+    """`Type: message` of an exception, as a record keeps it (a step's error, a failed tool
+    call's): JSON cannot hold a lone surrogate, which an OS error names a file with when its
+    name is not UTF-8 (surrogateescape), so those are written as `\\udcff`. Kept raw, the
+    record of a tool's own failure was refused as an unstorable *result* (the run stopped, the
+    tool's error lost) and a step's error made its commit fail."""
+    try:
+        msg = str(exc)
+    except Exception:  # a __str__ that raises: the type still says something
+        msg = f"<{type(exc).__name__} whose message cannot be read>"
+    return f"{type(exc).__name__}: {msg}".encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 class UnstorableResultError(UnstorableValueError, TypeError):
     """A tool's result JSON cannot hold at all (an arbitrary object, bytes that are not UTF-8,
     a lone surrogate), found as the paid call is logged: the run stops at its step, as for NaN,

@@ -360,5 +360,66 @@ def test_a_guard_may_choose_to_pay_again_for_an_unkept_result(tmp_path: Path) ->
     assert lines(paid) == ["a", "a"]
 
 
+# a file name that is not UTF-8, as os.listdir gives it back (surrogateescape)
+ODD_NAME = b"report-\xff.pdf".decode("utf-8", "surrogateescape")
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_tool_error_naming_an_odd_file_fails_the_step_as_that_error(tmp_path: Path, mode: str) -> None:
+    """A tool raised OSError("cannot read report-\\udcff.pdf"): the failed call's record could
+    not be written (a lone surrogate), that refusal was raised as an UnstorableResultError
+    about the tool's *result*, and the run stopped there, the OSError lost, no record logged;
+    each resume called the tool again and stopped again. Now the record keeps the message with
+    the surrogate escaped, and the tool's own error goes through the retry policy."""
+    from ckptfs.runtime.policy import RetryPolicy
+
+    calls: list[str] = []
+
+    def tool(q: str) -> object:
+        calls.append(q)
+        raise OSError(f"cannot read {ODD_NAME}")
+
+    with CheckpointStore(str(tmp_path / "s")) as store:
+        agent = CheckpointedAgent(store, retry=RetryPolicy(max_attempts=2, base_delay=0.0, jitter=0.0,
+                                                           on_exhausted="fail"))
+        run = agent.start_run("g", [Step(id="a", title="a"), Step(id="b", title="b", dependencies=["a"])],
+                              run_id="r")
+        if mode == "sync":
+            done = agent.execute_run(run, lambda step, prior: agent.tools().run("read", {"q": step.id}, tool))
+        else:
+            import asyncio
+
+            async def aexecutor(step: Step, prior: list[ToolCall]) -> object:
+                return await agent.tools().arun("read", {"q": step.id}, tool)
+            done = asyncio.run(agent.aexecute_run(run, aexecutor))
+    assert calls == ["a", "a"]
+    assert done.status == "completed_with_errors" and done.steps["a"].status.value == "failed"
+    assert done.steps["a"].error == "OSError: cannot read report-\\udcff.pdf"
+    loaded = CheckpointStore(str(tmp_path / "s")).load_run("r")
+    assert loaded is not None and loaded.steps["a"].error == done.steps["a"].error
+    assert loaded.steps["b"].status.value == "skipped"
+    history = CheckpointStore(str(tmp_path / "s")).get_tool_call_history("r", "a")
+    failed = ("failed", "OSError: cannot read report-\\udcff.pdf")
+    assert [(c.phase, c.error) for c in history] == [failed, failed]
+
+
+def test_an_executor_error_naming_an_odd_file_is_recorded(tmp_path: Path) -> None:
+    """The agent kept `Type: message` raw as the step's error: its commit was refused and
+    execute_run raised UnstorableValueError, the failure itself never recorded."""
+    from ckptfs.runtime.policy import RetryPolicy
+
+    def executor(step: Step, prior: list[ToolCall]) -> object:
+        raise ValueError(f"cannot parse {ODD_NAME}")
+
+    with CheckpointStore(str(tmp_path / "s")) as store:
+        agent = CheckpointedAgent(store, retry=RetryPolicy(max_attempts=1, on_exhausted="stop"))
+        run = agent.start_run("g", [Step(id="a", title="a")], run_id="r")
+        with pytest.raises(RunStoppedError):
+            agent.execute_run(run, executor)
+    loaded = CheckpointStore(str(tmp_path / "s")).load_run("r")
+    assert loaded is not None and loaded.status == "failed"
+    assert loaded.metadata["stopped"]["error"] == "ValueError: cannot parse report-\\udcff.pdf"
+
+
 if __name__ == "__main__":
     sys.exit(child(sys.argv[2], sys.argv[3], sys.argv[4]))

@@ -142,6 +142,29 @@ def test_a_worker_fails_a_step_whose_paid_result_was_refused_at_once_paying_once
     assert "could not keep its result" in (step.error or ""), step.error
 
 
+def test_a_worker_records_an_error_naming_an_odd_file(tmp_path: Path) -> None:
+    """Worker._failed kept the message raw: a lone surrogate (a file name that is not UTF-8)
+    made each commit of the failure refused, so the step never failed in the store."""
+    url = str(tmp_path / "store")
+    run = AgentRun(run_id="odd", goal="g")
+    run.add_step(Step(id="a", title="a"))
+    with CheckpointStore(url) as st:
+        st.save_run(run)
+    odd = b"\xff".decode("utf-8", "surrogateescape")
+
+    def executor(step: Step, prior: list[ToolCall]) -> str:
+        raise OSError(f"cannot read {odd}")
+
+    with CheckpointStore(url) as store:
+        worker = Worker(store, worker_id="w", lease_ttl=5, poll_interval=0.01,
+                        retry=RetryPolicy(max_attempts=2, base_delay=0.0, jitter=0.0))
+        worker.work("odd", executor, idle_timeout=10)
+    done = CheckpointStore(url).load_run("odd")
+    assert done is not None and done.status == "completed_with_errors"
+    assert done.steps["a"].status == StepStatus.FAILED and done.steps["a"].attempt_count == 2
+    assert done.steps["a"].error == "OSError: cannot read \\udcff"
+
+
 def _spawn(url: str, opts: dict[str, Any], wid: str, ttl: float, side: Path, slow: str,
            nap: float) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": ROOT}

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ckptfs.errors import RetriesExhaustedError, RunStoppedError, UnstorableValueError
+from ckptfs.errors import RetriesExhaustedError, RunStoppedError, UnstorableValueError, error_text
 from ckptfs.format.models import AgentRun, Step, StepStatus, ToolCall
 from ckptfs.runtime.execution import (
     AsyncExecutor,
@@ -441,7 +441,7 @@ class CheckpointedAgent:
                        cost0: float) -> list[Step]:
         self._account(ex, step, tokens0, cost0)
         self._end_attempt(ex, step)
-        step.error = f"{type(exc).__name__}: {exc}"
+        step.error = error_text(exc)
         n = ex.attempts.get(step.id, 1)
         if isinstance(exc, UnconfirmedActionError):  # retrying cannot help; failing would guess
             return self._stop(ex, step, RunStoppedError(
@@ -480,7 +480,7 @@ class CheckpointedAgent:
         the tool log.
         """
         self._end_attempt(ex, step)
-        step.error = f"{type(exc).__name__}: {exc}"
+        step.error = error_text(exc)
         n = ex.attempts.get(step.id, 1)
         return self._stop(ex, step, RunStoppedError(  # _stop logs it, with step.error
             ex.run.run_id, step.id, n, exc,

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ckptfs.errors import CkptfsError, UnstorableResultError, UnstorableValueError
+from ckptfs.errors import CkptfsError, UnstorableResultError, UnstorableValueError, error_text
 from ckptfs.format.models import ToolCall
 from ckptfs.runtime.host import ToolHost
 from ckptfs.runtime.tool_log import UNKEPT, ToolLogState, cache_key, canonical_json, idempotency_key
@@ -179,7 +179,7 @@ class IdempotentToolRunner:
             result = fn(**self._call_args(arguments, idem, idempotency_key_arg))
         except Exception as exc:
             self._log(self._record(tool_name, arguments, key, idem, "failed",
-                                   error=f"{type(exc).__name__}: {exc}", started=started))
+                                   error=error_text(exc), started=started))
             raise
         self.real_calls += 1
         try:
@@ -215,7 +215,7 @@ class IdempotentToolRunner:
                 result = await result
         except Exception as exc:
             await self._alog(self._record(tool_name, arguments, key, idem, "failed",
-                                          error=f"{type(exc).__name__}: {exc}", started=started))
+                                          error=error_text(exc), started=started))
             raise
         self.real_calls += 1
         try:
@@ -234,7 +234,7 @@ class IdempotentToolRunner:
                        "paid, so a replay asks a guard instead of calling it again", self.run_id,
                        self.step_id, tool_name, exc)
         return self._record(tool_name, arguments, key, idem, UNKEPT,
-                            error=f"result not kept: {type(exc).__name__}: {exc}", started=started)
+                            error=f"result not kept: {error_text(exc)}", started=started)
 
     def _log(self, call: ToolCall) -> None:
         self.agent.record_tool_call(self.run_id, self.step_id, call)

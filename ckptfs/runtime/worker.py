@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfs.errors import ConflictError, LeaseLostError, RunNotFoundError, StepCompletedError
+from ckptfs.errors import ConflictError, LeaseLostError, RunNotFoundError, StepCompletedError, error_text
 from ckptfs.format.models import TERMINAL_STATUSES, AgentRun, Step, StepStatus, ToolCall
 from ckptfs.runtime.execution import Executor, StepResult, complete_step
 from ckptfs.runtime.host import CURRENT_STEP
@@ -404,7 +404,7 @@ class Worker:
 
     def _failed(self, run_id: str, step: Step, hb: Heartbeat, exc: Exception,
                 report: WorkReport) -> None:
-        step.error = f"{type(exc).__name__}: {exc}"
+        step.error = error_text(exc)
         # A call whose outcome the log cannot give back (an intent with no completion, a result
         # the store refused): a retry would only meet the same refusal, attempt after attempt,
         # so the step fails at once, saying why (as the agent stops the run there).
