@@ -465,3 +465,64 @@ def test_deleting_a_long_thread_deletes_its_name_too(tmp_path: Path) -> None:
     build(saver).invoke({"log": []}, cfg(HUGE))  # the same saver writes it again: named again
     assert name_file(tmp_path, HUGE).is_file()
     assert {t.config["configurable"]["thread_id"] for t in CkptfsSaver(str(tmp_path)).list(None)} == {HUGE}
+
+
+def _holding(root: Path, text: str) -> list[str]:
+    """Files under root (leases aside: who writes a thread, never mirrored) whose bytes hold text."""
+    needles = (text.encode(), json.dumps(text).encode())
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")
+                  if p.is_file() and "leases" not in p.parts
+                  and any(n in p.read_bytes() for n in needles))
+
+
+def test_a_deleted_thread_leaves_no_id_and_no_warning_in_the_store_or_its_mirror(tmp_path: Path) -> None:
+    """delete_thread (and prune(strategy="delete")) left each run marker, which holds the
+    thread id whole, so the id (often a user's address) stayed in the store and went to every
+    mirror; and the empty directory a long thread left on local disk made every listing
+    (`ckptfs threads`, `list(None)`) warn "skipped: its id is not in langgraph/names/ (see
+    `ckptfs verify`)", where verify said clean, in the store and in its mirror."""
+    src, mir = tmp_path / "src", tmp_path / "mir"
+    saver = CkptfsSaver(str(src))
+    _put_chain(saver, HUGE, 3, run_id="r1")
+    _put_chain(saver, CJK, 2, run_id="r1")
+    _put_chain(saver, "bob@example.com", 2, run_id="r1")
+    _put_chain(saver, "keep", 2, run_id="r1")
+    code, out, err = cli("mirror", str(src), str(mir), "--once")
+    assert code == 0, (out, err)
+    saver.delete_thread(HUGE)
+    saver.delete_thread("bob@example.com")
+    saver.prune([CJK], strategy="delete")
+    code, out, err = cli("mirror", str(src), str(mir), "--once")
+    assert code == 0, (out, err)
+    for root in (src, mir):
+        for thread in (HUGE, CJK, "bob@example.com"):
+            assert _holding(root, thread) == [], (root, thread)
+        code, doc, err = cli_json("threads", str(root))
+        assert code == 0 and [r["thread_id"] for r in doc["threads"]] == ["keep"], err
+        assert "skipped" not in err, err
+        code, out, err = cli("verify", str(root), "--data")
+        assert code == 0 and "clean" in out, (out, err)
+    fresh = CkptfsSaver(str(src))
+    assert {t.config["configurable"]["thread_id"] for t in fresh.list(None)} == {"keep"}
+    # the same saver writes a deleted thread again: marked again, so delete_for_runs finds it
+    _put_chain(saver, HUGE, 2, run_id="r1")
+    saver.delete_for_runs(["r1"])
+    assert list(CkptfsSaver(str(src)).list(None)) == []
+
+
+def test_delete_for_runs_that_empties_a_long_thread_deletes_its_name(tmp_path: Path) -> None:
+    """The run's checkpoints were deleted and the thread's name object stayed: the id was kept
+    in the store (and copied to each mirror) for a thread that no longer holds anything."""
+    src, mir = tmp_path / "src", tmp_path / "mir"
+    saver = CkptfsSaver(str(src))
+    _put_chain(saver, HUGE, 3, run_id="gone")
+    _put_chain(saver, HUGE, 2, ns="child:1", run_id="gone")
+    _put_chain(saver, CJK, 2, run_id="gone")
+    _put_chain(saver, CJK, 2, ns="child:2", run_id="stays")
+    saver.delete_for_runs(["gone"])
+    assert not name_file(src, HUGE).exists() and _holding(src, HUGE) == []
+    assert name_file(src, CJK).is_file()  # another run's checkpoints are still in it
+    code, out, err = cli("mirror", str(src), str(mir), "--once")
+    assert code == 0, (out, err)
+    assert _holding(mir, HUGE) == [] and name_file(mir, CJK).is_file()
+    assert {t.config["configurable"]["thread_id"] for t in CkptfsSaver(str(mir)).list(None)} == {CJK}

@@ -121,9 +121,13 @@ def thread_name(storage: Storage, seg: str) -> str | None:
 
 def list_threads(args: argparse.Namespace, storage: Storage) -> int:
     """`ckptfs threads URL`: one row per thread namespace."""
+    from ckptfs.integrations.langgraph.keys import lg_threads_prefix
+
     rows: list[dict[str, Any]] = []
     for seg in thread_ids(storage):
         name = thread_name(storage, seg)
+        if name is None and not storage.list(f"{lg_threads_prefix()}{seg}/"):
+            continue  # the empty directory a deleted thread leaves on local disk
         if name is None:
             warn(f"thread {seg} skipped: its id is not in langgraph/names/ (see `ckptfs verify`)")
             continue

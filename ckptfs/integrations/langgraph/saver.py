@@ -56,6 +56,7 @@ if TYPE_CHECKING:  # langgraph-checkpoint 4.1+; older releases have no delta cha
 from ckptfs.errors import ConfigError, CorruptFileError, UnreadableFileError
 from ckptfs.integrations.langgraph import codec as fmt
 from ckptfs.integrations.langgraph.keys import (
+    LG_ROOT,
     lg_checkpoint_key,
     lg_decode,
     lg_encode,
@@ -720,6 +721,8 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 ids.append(lg_decode(seg))
                 continue
             name = self._name_of(seg)
+            if name is None and not self.storage.list(f"{lg_threads_prefix()}{seg}/"):
+                continue  # the empty directory a deleted thread leaves on local disk
             if name is None:
                 logger.warning("thread %s skipped: its id is not in %s (see `ckptfs verify`)",
                                seg, lg_name_key(seg))
@@ -1100,13 +1103,28 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             self.storage.delete_many(ckpts)
             ckpt_set = set(ckpts)
             self.storage.delete_many([key for key in keys if key not in ckpt_set])
-            seg = lg_thread_segment(thread_id)
-            if lg_hashed(seg):  # last: a thread half deleted by a crash is still named
-                with contextlib.suppress(FileNotFoundError):
-                    self.storage.delete(lg_name_key(seg))
-                with self._lock:
-                    self._named.pop(seg, None)
+            self._drop_traces(thread_id)
         self._forget(thread_id)
+
+    def _drop_traces(self, thread_id: str) -> None:
+        """What names a thread gone from `langgraph/threads/`: its run markers (each holds the
+        id, for delete_for_runs) and then, last, its name object, so a thread half deleted by a
+        crash is still named. Kept, they kept a deleted thread's id (often a user's address) in
+        the store and in every mirror, and a marker sent delete_for_runs back to it."""
+        seg = lg_thread_segment(thread_id)
+        runs = f"{LG_ROOT}/runs/"
+        try:
+            markers = [k for k in self.storage.list(runs) if k[len(runs):].split("/")[1:2] == [seg]]
+        except FileNotFoundError:
+            markers = []
+        self.storage.delete_many(markers)
+        with self._lock:
+            self._run_markers = {m for m in self._run_markers if m[1] != thread_id}
+        if lg_hashed(seg):
+            with contextlib.suppress(FileNotFoundError):
+                self.storage.delete(lg_name_key(seg))
+            with self._lock:
+                self._named.pop(seg, None)
 
     def _forget(self, thread_id: str, ns: str | None = None) -> None:
         self._values.forget_thread(thread_id)
@@ -1230,7 +1248,12 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 thread_id, ns = str(info["thread_id"]), str(info["checkpoint_ns"])
                 with self._writing(thread_id, fresh=True, confirm=False):
                     self._remove(thread_id, lg_ns_prefix(thread_id, ns), _of_run(str(run_id)))
-                    self.storage.delete(marker)
+                    with contextlib.suppress(FileNotFoundError):
+                        self.storage.delete(marker)
+                    if not self.storage.list(lg_thread_prefix(thread_id)):
+                        # the run was all the thread held: nothing is left to name
+                        self._drop_traces(thread_id)
+                        self._forget(thread_id)
             with self._lock:
                 self._run_markers = {m for m in self._run_markers if m[0] != str(run_id)}
 
