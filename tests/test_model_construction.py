@@ -52,14 +52,24 @@ class PaperStep(Step):
     paper_id: str = ""
 
 
+class NamedStep(Step):
+    """A subclass that adds behaviour, no field."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.id}: {self.title}"
+
+
 def test_a_subclass_of_step_is_a_working_step(tmp_path: Any) -> None:
     """A subclass took Step's change-tracking descriptors for its container fields' defaults:
     every instance held the descriptor object instead of a list or dict, and a commit was
-    refused ("Unable to serialize unknown type: _Exposing")."""
+    refused ("Unable to serialize unknown type: _Exposing"). One without fields of its own
+    stores as a Step, in-place changes heard."""
     from ckptfs import CheckpointStore
 
-    a, b = PaperStep(id="a", title="a", paper_id="p1"), PaperStep(id="b", title="b", dependencies=["a"])
+    a, b = NamedStep(id="a", title="a"), NamedStep(id="b", title="b", dependencies=["a"])
     assert (a.tool_calls, a.dependencies, a.metadata) == ([], [], {}) and a.metadata is not b.metadata
+    assert a.label == "a: a" and PaperStep(id="p", title="p").tool_calls == []
     run = AgentRun(run_id="papers", goal="g")
     run.add_step(a)
     run.add_step(b)
@@ -71,6 +81,27 @@ def test_a_subclass_of_step_is_a_working_step(tmp_path: Any) -> None:
         loaded = fresh.load_run("papers")
     assert loaded is not None and loaded.steps["a"].metadata == {"pages": 12}
     assert loaded.steps["b"].dependencies == ["a"]
+
+
+def test_a_field_a_subclass_adds_is_refused_at_commit(tmp_path: Any) -> None:
+    """A load builds Step, which ignores `paper_id`: stored, the value was acknowledged and
+    never came back (a resumed run then committed the step without it). Refused, nothing
+    written, naming the field and where to keep it instead."""
+    from ckptfs import CheckpointStore
+    from ckptfs.errors import UnstorableValueError
+
+    run = AgentRun(run_id="papers", goal="g")
+    run.add_step(PaperStep(id="a", title="a", paper_id="p1"))
+    with CheckpointStore(str(tmp_path)) as store:
+        with pytest.raises(UnstorableValueError, match=r"step 'a': paper_id: a field of PaperStep, "
+                                                       r"a subclass of Step.*\.metadata"):
+            store.save_run(run)
+        assert store.load_run("papers") is None
+        run.steps["a"] = Step(id="a", title="a", metadata={"paper_id": "p1"})
+        store.save_run(run)  # the next commit works
+    with CheckpointStore(str(tmp_path)) as fresh:
+        loaded = fresh.load_run("papers")
+    assert loaded is not None and loaded.steps["a"].metadata == {"paper_id": "p1"}
 
 
 class AliasedStep(Step):

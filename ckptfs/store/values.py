@@ -22,9 +22,28 @@ from ckptfs.errors import NonFiniteValueError, RecordTooLargeError, UnstorableVa
 from ckptfs.format import codec
 from ckptfs.format.changes import Changes
 from ckptfs.format.keys import artifact_key
-from ckptfs.format.models import ArtifactRef, Step, ToolCall
+from ckptfs.format.models import AgentRun, ArtifactRef, Step, ToolCall
 from ckptfs.format.reader import REFS_FIELD
 from ckptfs.store.artifacts import ArtifactStore
+
+_STORED_AS = (Step, AgentRun, ToolCall)  # what a load builds: subclasses come back as these
+
+
+def _refuse_subclass_fields(model: BaseModel, run_id: str, step_id: str | None, prefix: str,
+                            exclude: set[str] | None) -> None:
+    """UnstorableValueError for a field a subclass of Step, AgentRun or ToolCall adds: a load
+    builds the class itself, which ignores the key, so the value would be acknowledged and
+    never come back (a resumed run would then commit the step without it). A subclass that
+    adds only methods or properties stores as its base."""
+    base = next((b for b in _STORED_AS if isinstance(model, b)), None)
+    if base is None:
+        return
+    extra = sorted(type(model).model_fields.keys() - base.model_fields.keys() - (exclude or set()))
+    if extra:
+        raise UnstorableValueError(run_id, step_id, f"{prefix}{extra[0]}", (
+            f"a field of {type(model).__name__}, a subclass of {base.__name__}: a load returns "
+            f"{base.__name__}, which has no such field, so it would not come back; keep such "
+            "values in .metadata"))
 
 
 @dataclass(frozen=True)
@@ -75,6 +94,8 @@ class ValuePlanner:
         """A model's JSON, strictly: a value pydantic cannot serialise, or one that does not
         fit its field's type (a str in an int field of a model that does not validate
         assignments, which a load would refuse), is UnstorableValueError, not a traceback."""
+        if type(model) not in _STORED_AS:
+            _refuse_subclass_fields(model, run_id, step_id, prefix, exclude)
         try:
             return model.model_dump_json(exclude=exclude, warnings="error").encode()
         except PydanticSerializationError as exc:
