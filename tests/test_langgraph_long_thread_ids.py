@@ -59,6 +59,16 @@ def name_file(root: Path, thread: str) -> Path:
     return root / "langgraph" / "names" / hashlib.sha256(thread.encode()).hexdigest()
 
 
+def two_threads(root: Path) -> Path:
+    """A store with a long thread (CJK) and a short one, both waiting on their interrupt:
+    the long one's name object."""
+    saver = CkptfsSaver(str(root))
+    build(saver).invoke({"log": []}, cfg(CJK))
+    build(saver).invoke({"log": []}, cfg("short"))
+    saver.close()
+    return name_file(root, CJK)
+
+
 def test_long_thread_ids_work_like_short_ones(tmp_path: Path) -> None:
     url = str(tmp_path / "store")
     saver = CkptfsSaver(url)
@@ -171,11 +181,7 @@ def test_the_cli_chain_names_a_long_thread(tmp_path: Path, s3: EmbeddedS3, s3_ur
 def test_a_damaged_name_is_reported_skipped_and_repaired(tmp_path: Path,
                                                          caplog: pytest.LogCaptureFixture) -> None:
     root = tmp_path / "store"
-    saver = CkptfsSaver(str(root))
-    build(saver).invoke({"log": []}, cfg(CJK))
-    build(saver).invoke({"log": []}, cfg("short"))
-    saver.close()
-    name = name_file(root, CJK)
+    name = two_threads(root)
     name.write_bytes(b'{"thread_id": "someone else"}')  # valid JSON, wrong id: the hash says so
 
     code, out, err = cli("verify", str(root))
@@ -220,11 +226,7 @@ def test_verify_reports_a_hashed_thread_whose_name_is_gone(tmp_path: Path, s3: E
     """Listings skip such a thread and say "see `ckptfs verify`": verify must then name it
     (it said "clean"), on the store and on a mirror of it that lost the name."""
     root = tmp_path / "store"
-    saver = CkptfsSaver(str(root))
-    build(saver).invoke({"log": []}, cfg(CJK))
-    build(saver).invoke({"log": []}, cfg("short"))
-    saver.close()
-    name = name_file(root, CJK)
+    name = two_threads(root)
     name.unlink()
     code, doc, err = cli_json("verify", str(root))
     key = f"langgraph/names/{name.name}"
