@@ -24,8 +24,8 @@ from __future__ import annotations
 # its real id kept in `names/<sha256>`, written before anything of the thread and deleted after
 # everything of it (objects never name their thread, so copying one stays byte for byte). "~"
 # never starts an encoding, so a hash and an id cannot meet. Other ids over 200 encoded
-# characters are refused. Encoding keeps uuid6 checkpoint ids
-# unchanged, so a listing sorts by time.
+# characters are refused. Encoding keeps uuid6 checkpoint ids unchanged, so a listing sorts by
+# time.
 import functools
 import hashlib
 import json
@@ -75,14 +75,6 @@ def _percent(value: str) -> str:
     return "".join(chr(b) if b in _LG_SAFE else f"%{b:02X}" for b in value.encode("utf-8"))
 
 
-def _encodes(value: str) -> bool:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def lg_decode(segment: str) -> str:
     """The id a segment made by `lg_encode` stands for."""
     return unquote(segment, errors="strict")
@@ -95,9 +87,11 @@ def lg_ns_segment(checkpoint_ns: str) -> str:
         return "_"
     if len(checkpoint_ns) >= LG_MAX_SEGMENT:  # "_" + an encoding at least as long: too long
         return "~" + _sha256(checkpoint_ns, "checkpoint_ns")
-    if not _encodes(checkpoint_ns):
-        raise InvalidIdError(f"checkpoint_ns {checkpoint_ns[:40]!r} is not valid text (a lone surrogate)")
-    seg = _percent(checkpoint_ns)
+    try:
+        seg = _percent(checkpoint_ns)
+    except UnicodeEncodeError:
+        raise InvalidIdError(f"checkpoint_ns {checkpoint_ns[:40]!r} is not valid text "
+                             "(a lone surrogate)") from None
     if len(seg) + 1 > LG_MAX_SEGMENT:
         return "~" + _sha256(checkpoint_ns, "checkpoint_ns")
     return "_" + seg
@@ -128,9 +122,9 @@ def lg_thread_segment(thread_id: str) -> str:
     try:
         return lg_encode(thread_id, "thread_id")
     except InvalidIdError:
-        if not isinstance(thread_id, str) or not thread_id or not _encodes(thread_id):
+        if not isinstance(thread_id, str) or not thread_id:
             raise
-    return "~" + _sha256(thread_id, "thread_id")
+    return "~" + _sha256(thread_id, "thread_id")  # too long encoded; a lone surrogate raises there
 
 
 def lg_hashed(segment: str) -> bool:
@@ -163,7 +157,7 @@ def lg_parse_name(segment: str, body: bytes) -> str | None:
         return None
     try:
         return tid if lg_thread_segment(tid) == segment else None
-    except (InvalidIdError, UnicodeEncodeError):
+    except InvalidIdError:
         return None
 
 
