@@ -1,9 +1,9 @@
 """The LangGraph checkpointer, beside the stack: `from ckptfs.integrations.langgraph import CkptfsSaver`.
 
 The saver needs `pip install 'ckptfs[langgraph]'`; its key names (`keys`), byte format (`codec`),
-thread leases (`ownership`), version arithmetic (`versions`) and the checker `verify` runs
-(`check`) need nothing from LangGraph, so they are importable
-without it: the saver is only imported when its name is asked for.
+thread leases (`ownership`), version arithmetic (`versions`), read plans (`plans`), removal
+(`pruning`) and the checker `verify` runs (`check`) need nothing from LangGraph, so they are
+importable without it: the saver is only imported when its name is asked for.
 """
 
 from __future__ import annotations

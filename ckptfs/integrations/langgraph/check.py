@@ -3,7 +3,7 @@
 A store shared between a `CheckpointStore` and a `CkptfsSaver` (the saver's `store=` option)
 holds both; verify must judge the saver's keys rather than call them stray, or the maintenance
 job would fail on every healthy shared store. This reads the same bytes the saver reads, with the
-same format code (`_lgformat`), and never imports LangGraph or runs its serializer: values stay
+same format code (`codec.py`), and never imports LangGraph or runs its serializer: values stay
 opaque bytes, but every frame, splice and delta chain is rebuilt and checksum-checked at level
 "data", and at level "structure" every object is parsed and every reference resolved.
 

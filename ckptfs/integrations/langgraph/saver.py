@@ -8,8 +8,11 @@ zstd delta against its previous version, with a whole copy every `full_every` ve
 read rebuilds any version from at most `full_every` objects. Values go through LangGraph's own
 serializer (`self.serde`); ckptfs only frames and compresses the bytes.
 
-Key names live in ckptfs/layout.py (the LangGraph section); the byte format in `_lgformat.py`.
-Thread, namespace, checkpoint, task and run ids are percent-encoded into key segments.
+Key names live in `keys.py`, the byte format in `codec.py`; thread, namespace, checkpoint,
+task and run ids are percent-encoded into key segments (a long thread id is hashed). Beside
+this file: read plans for remote readers (`plans.py`), removal that keeps what survivors read
+(`pruning.py`), thread leases (`ownership.py`), and the count of savers per local store behind
+lease-backed reads (`local_savers.py`).
 
 Guarantees: `put` / `put_writes` are durable on return (the Storage contract); a checkpoint is
 visible only once its object is whole; prune, delete_for_runs and delete_thread never leave a
@@ -21,18 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import collections
 import contextlib
 import functools
 import json
 import logging
 import operator
-import os
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import langgraph.checkpoint.base as _lg_base
@@ -55,6 +55,7 @@ if TYPE_CHECKING:  # langgraph-checkpoint 4.1+; older releases have no delta cha
 
 from ckptfs.errors import ConfigError, CorruptFileError, UnreadableFileError
 from ckptfs.integrations.langgraph import codec as fmt
+from ckptfs.integrations.langgraph import local_savers
 from ckptfs.integrations.langgraph.keys import (
     LG_ROOT,
     lg_checkpoint_key,
@@ -67,8 +68,6 @@ from ckptfs.integrations.langgraph.keys import (
     lg_name_body,
     lg_name_key,
     lg_ns_prefix,
-    lg_parse_plan,
-    lg_plan_key,
     lg_run_marker_key,
     lg_run_prefix,
     lg_thread_prefix,
@@ -86,6 +85,15 @@ from ckptfs.integrations.langgraph.ownership import (
     ThreadBusyError,
     ThreadLeases,
     leases_for,
+)
+from ckptfs.integrations.langgraph.plans import PLAN_BODY, ReadPlans, checkpoint_keys
+from ckptfs.integrations.langgraph.pruning import (
+    CKPT,
+    Choose,
+    all_but_newest,
+    of_run,
+    remove_checkpoints,
+    writes_by_checkpoint,
 )
 from ckptfs.integrations.langgraph.versions import kind_of, next_version, remember_kind
 from ckptfs.storage.base import Storage
@@ -115,61 +123,6 @@ _Strs = list[str]
 DEFAULT_FULL_EVERY = 16
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 _MAX_WROTE = 10_000
-_CKPT = "ckpt/"
-_HELD = "held/"
-# Savers per local store root (its real path, links resolved: a root may not exist yet) in
-# this process: live now, and made so far. A saver that is the only one on its store, and has
-# been since it last looked, may read a thread it holds the lease of without looking for
-# others' appends (`_sole_tenure`); another saver, whatever its options, writes through
-# objects the first cannot see, even one made and closed in between.
-_Root = str
-_savers_on: collections.Counter[_Root] = collections.Counter()
-_savers_made: collections.Counter[_Root] = collections.Counter()
-_savers_lock = threading.Lock()
-
-
-def _unregister(root: _Root | None) -> None:
-    if root is None:
-        return
-    with _savers_lock:
-        _savers_on[root] -= 1
-        if _savers_on[root] <= 0:
-            del _savers_on[root]
-
-
-def _local_root(storage: Storage) -> _Root | None:
-    inner = storage.inner if isinstance(storage, LogStorage) else storage
-    return os.path.realpath(inner.root) if isinstance(inner, LocalStorage) else None
-
-
-_PLAN_BODY = b"plan\n"  # a read plan is its key; not empty: an exclusive PUT (copy_thread) refuses b""
-_MAX_NEEDS = 100_000  # remembered read sets (`_needs`); past this they are forgotten at once
-
-
-def _checkpoint_keys(keys: Sequence[str]) -> list[str]:
-    """A `ckpt/` listing without its read plans (`lg_plan_key`), which sort after every checkpoint."""
-    if not keys or not lg_is_plan(keys[-1]):
-        return list(keys)
-    return [k for k in keys if not lg_is_plan(k)]
-
-
-@dataclass
-class _Plan:
-    """The read plan in force in a namespace (`lg_plan_key`): set at the plan's checkpoint
-    `start`, `since` the checkpoints after it, so what a reader will fetch for the next one is
-    known to its writer, who files a new plan only when that would be wrong."""
-
-    start: str
-    mode: str
-    ids: frozenset[str]
-    since: list[str]
-
-    def predicts(self) -> frozenset[str] | None:
-        if self.mode == "s":
-            return self.ids
-        if self.mode == "c":
-            return self.ids | {self.start, *self.since}
-        return None
 
 
 def _writes_of(ns_prefix: str, checkpoint_key: str) -> str:
@@ -188,17 +141,11 @@ def _damage_point(prefix: str, damage: Damage) -> str | None:
     if damage.key is None:
         return damage.after or ""
     rest = damage.key[len(prefix):]
-    if rest.startswith(_CKPT):
+    if rest.startswith(CKPT):
         return damage.key
     if rest.startswith("writes/"):
-        return f"{prefix}{_CKPT}{rest.split('/', 2)[1]}"
+        return f"{prefix}{CKPT}{rest.split('/', 2)[1]}"
     return None
-
-
-def _of_run(run_id: str) -> Callable[[Sequence[Loaded]], set[str]]:
-    def choose(items: Sequence[Loaded]) -> set[str]:
-        return {str(i.header["id"]) for i in items if i.header.get("run_id") == run_id}
-    return choose
 
 
 class CkptfsSaver(BaseCheckpointSaver[Any]):
@@ -264,12 +211,9 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             storage = open_storage(url, storage_options)
         if log and isinstance(storage, LocalStorage):
             storage = LogStorage(storage, lg_group_of)
-        self._root = _local_root(storage)
-        if self._root is not None:
-            with _savers_lock:
-                _savers_on[self._root] += 1
-                _savers_made[self._root] += 1
-        self._unregister = weakref.finalize(self, _unregister, self._root)  # close(), or when collected
+        self._root = local_savers.local_root(storage)
+        local_savers.register(self._root)
+        self._unregister = weakref.finalize(self, local_savers.unregister, self._root)  # or collected
         # (thread, ns) -> (lease tenure, savers made on the store) when this saver last read the
         # namespace looking for others' writes, alone on its store: `_sole_tenure`
         self._current: dict[tuple[str, str], tuple[object, int]] = {}
@@ -292,10 +236,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         self._run_markers: set[tuple[str, str, str]] = set()
         # hashed thread segment -> the lease tenure it was last seen named under (None: no leases)
         self._named: dict[str, object] = {}
-        # (thread, ns, holder, channel) -> ids of the objects that version is rebuilt from, and
-        # (thread, ns) -> the read plan a reader finds there (remote storage: `_plan_for`)
-        self._needs: dict[tuple[str, str, str, str], frozenset[str]] = {}
-        self._plans: dict[tuple[str, str], _Plan] = {}
+        self._plans = ReadPlans(full_every)  # remote storage only
         if not (isinstance(busy_timeout, int | float) and busy_timeout >= 0):
             raise ConfigError(f"busy_timeout must be a number of seconds >= 0, got {busy_timeout!r}")
         self.busy_timeout = float(busy_timeout)
@@ -392,18 +333,8 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         item = (part.type, raw, part.depth)
         self._values.put(ck, item)
         if self._remote:
-            self._note_needs(ck, part.base)
+            self._plans.note_needs(ck, part.base)
         return item
-
-    def _note_needs(self, ck: tuple[str, str, str, str], base: str | None) -> None:
-        """Remember which objects a channel version is rebuilt from (its holder, and its base's)."""
-        with self._lock:
-            below = frozenset() if base is None else self._needs.get((*ck[:2], base, ck[3]))
-            if below is None:
-                return
-            if len(self._needs) >= _MAX_NEEDS:
-                self._needs.clear()
-            self._needs[ck] = below | {ck[2]}
 
     def _writes(self, thread_id: str, ns: str, checkpoint_id: str, keys: list[str] | None = None,
                 channels: set[str] | None = None) -> list[PendingWrite]:
@@ -490,14 +421,6 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 with contextlib.suppress(CorruptFileError):  # the walk reads it again and says why
                     seen[cid] = Loaded(key, self._parsed.parse(key, data, self.max_decoded_bytes))
 
-    def _writes_by_checkpoint(self, prefix: str) -> dict[str, list[str]]:
-        """Pending-write keys of one namespace by encoded checkpoint id: one listing, not one each."""
-        index: dict[str, list[str]] = {}
-        start = len(prefix + "writes/")
-        for wkey in self.storage.list(prefix + "writes/"):
-            index.setdefault(wkey[start:].split("/", 1)[0], []).append(wkey)
-        return index
-
     def _metadata(self, loaded: Loaded) -> CheckpointMetadata:
         return cast(CheckpointMetadata,
                     self.serde.loads_typed((loaded.header["mt"], loaded.obj.section("mo", "mn"))))
@@ -538,9 +461,11 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         saver is made here nobody in this process can either; so a namespace this saver read,
         looking, under the same pair (`_current`) is read without the stats that look for
         others' appends."""
-        if self.leases is None or self._root is None or _savers_on.get(self._root) != 1:
-            return None  # (reads of one int each: no lock needed to see a saver made before)
-        made = _savers_made[self._root]
+        if self.leases is None or self._root is None:
+            return None
+        made = local_savers.alone(self._root)
+        if made is None:
+            return None
         tenure = self.leases.trusted(thread_id)
         return None if tenure is None else (tenure, made)
 
@@ -561,11 +486,11 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 seen = self._current.get((thread_id, ns))
                 current = sole is not None and seen is not None and seen[0] is sole[0] and seen[1] == sole[1]
                 try:
-                    newest = self.storage.newest(prefix + _CKPT, functools.partial(_writes_of, prefix),
+                    newest = self.storage.newest(prefix + CKPT, functools.partial(_writes_of, prefix),
                                                  current=current)
                     if newest is not None and lg_is_plan(newest[0]):
                         # read plans copied from S3 (a mirror) sort last: the newest checkpoint is below
-                        keys = _checkpoint_keys(self.storage.list(prefix + _CKPT))
+                        keys = checkpoint_keys(self.storage.list(prefix + CKPT))
                         last = keys[-1] if keys else None
                         self._refuse_doubt(prefix, operator.ge, last or "")
                         newest = None if last is None else (
@@ -608,7 +533,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         if not isinstance(self.storage, LogStorage):
             return []
         out = []
-        for damage in self.storage.damage(prefix, prefix + _CKPT, sync=False):  # as just read
+        for damage in self.storage.damage(prefix, prefix + CKPT, sync=False):  # as just read
             point = _damage_point(prefix, damage)
             if point is not None:
                 out.append((point, damage.error("; what it may hide in this thread's history is not "
@@ -642,13 +567,13 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             hint = self._newest.get((thread_id, ns))
         if hint is not None and self._remote:
             # what this saver last saw as newest: is anything newer? (asked while reading it)
-            newer = self._beside(functools.partial(self.storage.list, prefix + _CKPT, hint))
+            newer = self._beside(functools.partial(self.storage.list, prefix + CKPT, hint))
             assert newer is not None
             try:
                 found: tuple[Loaded, list[str] | None] | None = self._read_with_writes(prefix, hint)
             except FileNotFoundError:
                 found = None  # pruned or deleted meanwhile
-            later = _checkpoint_keys(newer.result())
+            later = checkpoint_keys(newer.result())
             if found is not None and not later:
                 return (*found, [], {})
             key = later[-1] if later else None
@@ -657,13 +582,13 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         keys = later  # what a delta chain's bases are guessed from (`_prefetch`)
         planned: list[tuple[str, str, Future[bytes | None] | None]] = []
         if key is None:
-            listed = self.storage.list(prefix + _CKPT)
-            keys = _checkpoint_keys(listed)
+            listed = self.storage.list(prefix + CKPT)
+            keys = checkpoint_keys(listed)
             if not keys:
                 return None
             key = keys[-1]
             # the objects its read plan names go out with the object itself: one round trip
-            plan = self._planned(thread_id, ns, listed, keys)
+            plan = self._plans.adopt(thread_id, ns, listed, keys)
             if plan is not None:
                 planned = [(cid, k, self._beside(functools.partial(self._get_optional, k)))
                            for cid, k in plan]
@@ -679,34 +604,6 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             with self._lock:  # what the listing says now, even below an older hint (pruned)
                 self._newest[(thread_id, ns)] = key
         return (*found, keys, seen)
-
-    def _planned(self, thread_id: str, ns: str, listed: Sequence[str], keys: Sequence[str]
-                 ) -> list[tuple[str, str]] | None:
-        """(id, key) of the checkpoints the newest of `keys` is rebuilt from, by the read plan in
-        force in `listed` (`lg_plan_key`); None without one (a layout before plans: the chain is
-        walked, its bases guessed from the listing). Adopted as this saver's plan, so its next
-        put knows what readers will fetch."""
-        newest = keys[-1].rsplit("/", 1)[1]
-        best: tuple[str, str, list[str]] | None = None
-        for k in listed:
-            plan = lg_parse_plan(k) if lg_is_plan(k) else None
-            if plan is not None and plan[0] <= newest and (best is None or plan[0] >= best[0]):
-                best = plan
-        if best is None:
-            return None
-        start, mode, ids = best
-        segs = [k.rsplit("/", 1)[1] for k in keys]
-        first = bisect.bisect_left(segs, start)
-        since = [lg_decode(seg) for seg in segs[first:] if seg != start]
-        with self._lock:
-            self._plans[(thread_id, ns)] = _Plan(lg_decode(start), mode,
-                                                 frozenset(map(lg_decode, ids)), since)
-        if mode == "u":
-            return None
-        want = set(ids) | (set(segs[first:-1]) if mode == "c" else set())
-        want.discard(newest)
-        prefix = keys[-1][: -len(newest)]
-        return [(lg_decode(seg), prefix + seg) for seg in sorted(want)]
 
     def _saw_newest(self, thread_id: str, ns: str, key: str) -> None:
         with self._lock:
@@ -802,7 +699,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 prefixes = [f"{tp}{seg}/" for seg in self.storage.list_dirs(tp)]
             for prefix in prefixes:
                 try:
-                    keys = _checkpoint_keys(self.storage.list(prefix + _CKPT))
+                    keys = checkpoint_keys(self.storage.list(prefix + CKPT))
                     doubts = self._doubts(prefix)
                 except UnreadableFileError as exc:
                     if config is not None:
@@ -810,7 +707,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                     logger.warning("namespace %s skipped: %s", prefix, exc)
                     continue
                 if id_filter is not None:
-                    wanted = prefix + _CKPT + lg_encode(id_filter)
+                    wanted = prefix + CKPT + lg_encode(id_filter)
                     present = wanted in keys
                     for point, error in doubts:  # as get_tuple by id (`_get_tuple`)
                         if point == wanted or (not present and point < wanted):
@@ -823,7 +720,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                     if before_id is not None and cid >= before_id:
                         continue
                     found.append((cid, thread_id, prefix, key))
-                bound = None if before_id is None else prefix + _CKPT + lg_encode(before_id)
+                bound = None if before_id is None else prefix + CKPT + lg_encode(before_id)
                 for point, error in doubts:
                     if (bound is None or point < bound) and (
                             prefix not in frontier or point > frontier[prefix][0]):
@@ -843,7 +740,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             if filter and not all(metadata.get(k) == v for k, v in filter.items()):
                 continue
             if prefix not in writes_index:
-                writes_index[prefix] = self._writes_by_checkpoint(prefix)
+                writes_index[prefix] = writes_by_checkpoint(self.storage, prefix)
             yield self._tuple(thread_id, loaded, writes_index[prefix].get(lg_encode(cid), []), metadata)
             if remaining is not None:
                 remaining -= 1
@@ -874,14 +771,14 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         seeds: dict[str, Any] = {}
         cursor: str | None = None
         if checkpoint_id is None:
-            keys = _checkpoint_keys(self.storage.list(prefix + _CKPT))
+            keys = checkpoint_keys(self.storage.list(prefix + CKPT))
             checkpoint_id = lg_decode(keys[-1].rsplit("/", 1)[1]) if keys else None
         if checkpoint_id is not None:
             try:
                 cursor = self._read(lg_checkpoint_key(thread_id, ns, checkpoint_id)).header.get("parent")
             except FileNotFoundError:
                 cursor = None
-        writes_of = self._writes_by_checkpoint(prefix) if cursor is not None else {}
+        writes_of = writes_by_checkpoint(self.storage, prefix) if cursor is not None else {}
         seen: dict[str, Loaded] = {}
         remaining = set(wanted)
         while cursor is not None and remaining:
@@ -970,7 +867,8 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             self._name_thread(thread_id, tenure)
             if run_id is not None:
                 self._mark_run(str(run_id), thread_id, ns)
-            plan = self._plan_for(thread_id, ns, checkpoint_id, refs, parts, fresh) if self._remote else None
+            plan = self._plans.plan_for(thread_id, ns, checkpoint_id, refs, parts,
+                                        (item[1] for _, item in fresh)) if self._remote else None
             filed = self._beside(functools.partial(self._file_plan, thread_id, ns, plan)) if plan else None
             try:
                 self.storage.put_if_absent(key, data)
@@ -988,44 +886,14 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             self._saw_newest(thread_id, ns, key)
         return self._config(thread_id, ns, checkpoint_id)
 
-    def _plan_for(self, thread_id: str, ns: str, checkpoint_id: str, refs: Mapping[str, Ref],
-                  parts: Sequence[fmt.Part], fresh: Sequence[tuple[str, tuple[str, bytes, int]]]
-                  ) -> str | None:
-        """The read plan to file beside this checkpoint, or None when the one in force already
-        names exactly the objects a reader of it needs (most puts: a message list's delta chain
-        grows by this checkpoint, as mode "c" says)."""
-        for part in parts:
-            self._note_needs((thread_id, ns, checkpoint_id, part.channel), part.base)
-        with self._lock:
-            got = [self._needs.get((thread_id, ns, str(holder), channel))
-                   for channel, (holder, _version) in refs.items() if holder is not None]
-            need = None if None in got else frozenset(i for ids in got if ids for i in ids) - {checkpoint_id}
-            plan = self._plans.get((thread_id, ns))
-            if plan is not None and (plan.start == checkpoint_id or checkpoint_id in plan.since):
-                return None  # stored again: the plan in force was made with it
-            if plan is not None and (
-                    (need is not None and plan.predicts() == need and len(plan.since) < 4 * self.full_every)
-                    or (need is None and plan.mode == "u")):
-                plan.since.append(checkpoint_id)
-                return None
-            chains = any(len(item[1]) >= fmt.MIN_DELTA_BYTES for _, item in fresh)
-            mode = "u" if need is None else "c" if chains else "s"
-            key = lg_plan_key(thread_id, ns, checkpoint_id, mode, need or ())
-            parsed = lg_parse_plan(key)
-            if parsed is not None and parsed[1] == "u":
-                mode, need = "u", None  # too many to name
-            self._plans[(thread_id, ns)] = _Plan(checkpoint_id, mode, need or frozenset(), [])
-        return key
-
     def _file_plan(self, thread_id: str, ns: str, key: str) -> None:
         """Store a read plan. Only a hint: a failure is logged, not raised (the checkpoint beside
         it is what `put` promises), and the next put files a plan again."""
         try:
-            self.storage.put(key, _PLAN_BODY)
+            self.storage.put(key, PLAN_BODY)
         except Exception as exc:  # a hint's failure must not fail the put
             logger.warning("read plan %s not stored (%s): readers walk the chain instead", key, exc)
-            with self._lock:
-                self._plans.pop((thread_id, ns), None)
+            self._plans.not_filed(thread_id, ns)
 
     def _encode_part(self, thread_id: str, ns: str, channel: str, typ: str, raw: bytes,
                      prev: Ref | None) -> fmt.Part:
@@ -1098,7 +966,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         with self._writing(thread_id, fresh=True, confirm=False):
             keys = self.storage.list(lg_thread_prefix(thread_id))
             # newest checkpoints first: whatever survives a crash midway still reads back whole
-            ckpts = sorted((k for k in keys if f"/{_CKPT}" in k), key=lambda k: k.rsplit("/", 1)[1],
+            ckpts = sorted((k for k in keys if f"/{CKPT}" in k), key=lambda k: k.rsplit("/", 1)[1],
                            reverse=True)
             self.storage.delete_many(ckpts)
             ckpt_set = set(ckpts)
@@ -1135,107 +1003,17 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 del self._newest[k]
             for k in [k for k in self._current if k[0] == thread_id and (ns is None or k[1] == ns)]:
                 del self._current[k]
-            for k in [k for k in self._plans if k[0] == thread_id and (ns is None or k[1] == ns)]:
-                del self._plans[k]
-            for n in [n for n in self._needs if n[0] == thread_id and (ns is None or n[1] == ns)]:
-                del self._needs[n]
+        self._plans.forget(thread_id, ns)
 
     def _namespaces(self, thread_id: str) -> _Strs:
         """The ns prefixes of a thread (their segments may be hashes, so never decoded)."""
         tp = lg_thread_prefix(thread_id)
         return [f"{tp}{seg}/" for seg in self.storage.list_dirs(tp)]
 
-    def _remove(self, thread_id: str, prefix: str,
-                choose: Callable[[Sequence[Loaded]], set[str]]) -> int:
-        """Remove the checkpoints `choose` picks from one namespace, keeping what survivors need.
-
-        Channel versions a surviving checkpoint still reads (directly or as a delta base) are
-        rewritten to `held/<id>` before `ckpt/<id>` is deleted; held objects nobody needs go.
-        """
-        listed = self.storage.list(prefix + _CKPT)
-        ckpt_keys = _checkpoint_keys(listed)
-        plan_keys = [k for k in listed if lg_is_plan(k)]
-        held_keys = self.storage.list(prefix + _HELD)
-        loaded: dict[str, Loaded] = {}
-        for key in ckpt_keys:
-            try:
-                item = self._read(key)
-            except FileNotFoundError:
-                continue
-            loaded[str(item.header["id"])] = item
-        ordered = [loaded[c] for c in sorted(loaded)]
-        remove = choose(ordered) & set(loaded)
-        if not remove:
-            return 0
-        keep = set(loaded) - remove
-        # DeltaChannel rebuilds a value from its ancestors' writes back to the nearest one that
-        # stores it (a snapshot): a survivor keeps that stretch of its chain, and so does every
-        # ancestor kept that way, for any survivor can be read (history, time travel)
-        work = sorted(keep)
-        while work:
-            for ancestor in self._delta_ancestors(loaded, work.pop()):
-                if ancestor not in keep:
-                    keep.add(ancestor)
-                    work.append(ancestor)
-        remove -= keep
-        if not remove:
-            return 0
-        holders: dict[str, Loaded] = dict(loaded)
-        for key in held_keys:
-            try:
-                item = self._read(key)
-            except FileNotFoundError:
-                continue
-            holders.setdefault(str(item.header["id"]), item)
-        needed: dict[str, set[str]] = {}
-        for cid in keep:
-            for channel, (holder, _v) in loaded[cid].header["refs"].items():
-                while holder is not None and channel not in needed.get(holder, set()):
-                    needed.setdefault(holder, set()).add(channel)
-                    part = holders[holder].obj.parts.get(channel) if holder in holders else None
-                    holder = part.base if part is not None else None
-        ns = str(next(iter(loaded.values())).header["ns"])
-        # versions still read move to held/ first; then checkpoints go newest first, so whatever
-        # a crash midway leaves still reads back whole
-        for cid in sorted(remove & set(needed), reverse=True):
-            head = {"kind": "held", "id": cid, "ns": ns, "refs": {}}
-            parts = [p for c, p in loaded[cid].obj.parts.items() if c in needed[cid]]
-            self.storage.put(lg_held_key(thread_id, ns, cid), fmt.pack(head, b"", parts))
-        writes_of = self._writes_by_checkpoint(prefix)
-        doomed = [lg_checkpoint_key(thread_id, ns, cid) for cid in sorted(remove, reverse=True)]
-        doomed += [w for cid in sorted(remove, reverse=True) for w in writes_of.get(lg_encode(cid), [])]
-        doomed += [key for key in held_keys if lg_decode(key.rsplit("/", 1)[1]) not in needed]
-        # read plans: after the checkpoints (a reader meanwhile takes an older plan or none,
-        # and walks what it names wrong); a survivor's plan may now name a pruned checkpoint,
-        # whose versions the walk finds in held/
-        for k in plan_keys:
-            plan = lg_parse_plan(k)
-            if plan is None or lg_decode(plan[0]) in remove:
-                doomed.append(k)
-        self.storage.delete_many(doomed)
-        self._forget(thread_id, ns)
-        return len(remove)
-
-    def _delta_ancestors(self, loaded: Mapping[str, Loaded], cid: str) -> _Strs:
-        """The ancestors a checkpoint's delta channels rebuild from: up to the nearest that
-        stores each channel whose value the checkpoint itself does not store."""
-        head = loaded[cid].header
-        if not head.get("delta_channels"):
-            return []
-        counters = self._metadata(loaded[cid]).get("counters_since_delta_snapshot")
-        refs = head.get("refs") or {}
-        # without the channels' names (a metadata LangGraph may rename): the whole chain
-        pending: set[str] | None = None if not isinstance(counters, dict) else {
-            str(ch) for ch in counters if (refs.get(ch) or [None])[0] is None}
-        out: _Strs = []
-        parent = head.get("parent")
-        while isinstance(parent, str) and parent in loaded and (pending is None or pending):
-            out.append(parent)
-            if pending is not None:
-                prefs = loaded[parent].header.get("refs") or {}
-                pending = {ch for ch in pending if (prefs.get(ch) or [None])[0] is None}
-            parent = loaded[parent].header.get("parent")
-        return out
+    def _remove(self, thread_id: str, prefix: str, choose: Choose) -> None:
+        ns = remove_checkpoints(self.storage, thread_id, prefix, choose, self._read, self._metadata)
+        if ns is not None:
+            self._forget(thread_id, ns)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         for run_id in run_ids:
@@ -1247,7 +1025,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                     continue
                 thread_id, ns = str(info["thread_id"]), str(info["checkpoint_ns"])
                 with self._writing(thread_id, fresh=True, confirm=False):
-                    self._remove(thread_id, lg_ns_prefix(thread_id, ns), _of_run(str(run_id)))
+                    self._remove(thread_id, lg_ns_prefix(thread_id, ns), of_run(str(run_id)))
                     with contextlib.suppress(FileNotFoundError):
                         self.storage.delete(marker)
                     if not self.storage.list(lg_thread_prefix(thread_id)):
@@ -1279,8 +1057,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         for thread_id in thread_ids:
             with self._writing(str(thread_id), fresh=True, confirm=False):
                 for prefix in self._namespaces(str(thread_id)):
-                    self._remove(str(thread_id), prefix, lambda items: {
-                        str(i.header["id"]) for i in items[:-n]})
+                    self._remove(str(thread_id), prefix, all_but_newest(n))
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every object byte for byte (they never name their thread); existing ones stay."""
@@ -1292,14 +1069,14 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
 
             def order(key: str) -> tuple[int, str]:
                 # holders and writes before the checkpoints that point at them, oldest first
-                return (1 if f"/{_CKPT}" in key else 0, key.rsplit("/", 1)[1])
+                return (1 if f"/{CKPT}" in key else 0, key.rsplit("/", 1)[1])
 
             for key in sorted(keys, key=order):
                 try:
                     data = self.storage.get(key)
                 except FileNotFoundError:
                     continue
-                if f"/{_CKPT}" in key and not lg_is_plan(key):
+                if f"/{CKPT}" in key and not lg_is_plan(key):
                     head = fmt.unpack(data, key, self.max_decoded_bytes).header
                     if head.get("run_id") is not None:
                         self._mark_run(str(head["run_id"]), str(target_thread_id), str(head["ns"]))
