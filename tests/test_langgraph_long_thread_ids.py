@@ -11,6 +11,8 @@ import json
 import logging
 import operator
 import os
+import threading
+import time
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -528,3 +530,75 @@ def test_delete_for_runs_that_empties_a_long_thread_deletes_its_name(tmp_path: P
     assert code == 0, (out, err)
     assert _holding(mir, HUGE) == [] and name_file(mir, CJK).is_file()
     assert {t.config["configurable"]["thread_id"] for t in CkptfsSaver(str(mir)).list(None)} == {CJK}
+
+
+def test_a_long_threads_lease_holds_its_hash_not_its_id(tmp_path: Path) -> None:
+    """The lease record held the whole id: a 1 MiB thread id meant a 1 MiB lease object,
+    rewritten by every renewal (ttl/4) for as long as the thread was written, a PUT of a
+    megabyte every 5 s on S3. The record now names a hashed thread by its segment, so it stays
+    a few hundred bytes; exclusion, release and takeover work as before."""
+    from ckptfs.integrations.langgraph.keys import lg_lease_key
+    from ckptfs.integrations.langgraph.ownership import ThreadBusyError, ThreadLeases, read_thread_lease
+
+    big = "user@example.com/" + "é" * (1 << 19)
+    storage = open_storage(str(tmp_path / "s"))
+    with CkptfsSaver(str(tmp_path / "s"), lease_ttl=2.0) as saver:
+        _put_chain(saver, big, 2)
+        lease_file = tmp_path / "s" / lg_lease_key(big)
+        assert lease_file.stat().st_size < 1024, lease_file.stat().st_size
+        assert saver.leases is not None
+        saver.leases.confirm(big)  # a renewal rewrites the record: still small
+        time.sleep(0.6)
+        assert lease_file.stat().st_size < 1024
+        held = read_thread_lease(storage, big)
+        assert held is not None and not held.released and held.thread_id == lg_thread_segment(big)
+        other = ThreadLeases(open_storage(str(tmp_path / "s")), ttl=2.0, holder="B")
+        with pytest.raises(ThreadBusyError) as err:
+            other.ensure(big)
+        assert err.value.thread_id == big and err.value.holder == saver.leases.holder
+        saver.release(big)
+        other.ensure(big)  # given back: taken at once, one generation on
+        got = read_thread_lease(storage, big)
+        assert got is not None and got.holder == "B" and got.generation == held.generation + 1
+        other.release(big)
+
+
+def test_a_lease_that_names_a_long_thread_in_full_is_still_honoured(tmp_path: Path) -> None:
+    """A holder of the previous release writes the whole id into the record: a live one must
+    keep the thread (no takeover while it renews) and a released one is taken at once."""
+    from ckptfs.integrations.langgraph.keys import lg_lease_key
+    from ckptfs.integrations.langgraph.ownership import ThreadBusyError, ThreadLeases, read_thread_lease
+
+    big = "x" * 300
+    storage = open_storage(str(tmp_path / "s"))
+    key = lg_lease_key(big)
+
+    def old_record(released: bool, renewals: int) -> bytes:
+        return json.dumps({"format": "ckptfs-lg-thread-lease", "format_version": 1, "thread_id": big,
+                           "holder": "old:1:abc", "generation": 4, "ttl": 1.0, "released": released,
+                           "renewals": renewals, "nonce": f"n{renewals}", "time": 0.0}).encode()
+
+    storage.put(key, old_record(False, 0))
+    stop = threading.Event()
+
+    def renew() -> None:  # the old holder at work
+        n = 0
+        while not stop.wait(0.2):
+            n += 1
+            storage.put(key, old_record(False, n))
+
+    t = threading.Thread(target=renew)
+    t.start()
+    leases = ThreadLeases(open_storage(str(tmp_path / "s")), ttl=1.0, holder="new")
+    try:
+        with pytest.raises(ThreadBusyError) as err:
+            leases.ensure(big, wait=2.0)  # twice the ttl: an unrenewed record would be taken
+        assert err.value.holder == "old:1:abc"
+    finally:
+        stop.set()
+        t.join()
+    storage.put(key, old_record(True, 99))
+    leases.ensure(big)
+    got = read_thread_lease(storage, big)
+    assert got is not None and got.holder == "new" and got.generation == 5
+    leases.release(big)

@@ -53,7 +53,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ckptfs.errors import CkptfsError, ConfigError
-from ckptfs.integrations.langgraph.keys import lg_lease_key
+from ckptfs.integrations.langgraph.keys import lg_hashed, lg_lease_key, lg_thread_segment
 from ckptfs.storage.base import PreconditionFailed, Storage
 
 logger = logging.getLogger(__name__)
@@ -89,7 +89,11 @@ def shown(thread_id: str) -> str:
 
 
 class ThreadLeaseRecord(BaseModel):
-    """The stored lease object. `time` is the writer's wall clock, for people; nothing uses it."""
+    """The stored lease object. `time` is the writer's wall clock, for people; nothing uses it.
+
+    `thread_id` is the thread's id, or for a long id (hashed in keys) its key segment: the
+    record is rewritten by every renewal, and a megabyte id made it a megabyte each time.
+    Records of earlier releases, which hold a long id whole, are honoured too (`names`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -135,6 +139,17 @@ def process_holder() -> str:
     if _holder_pid != os.getpid():
         _holder_pid, _holder = os.getpid(), f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     return _holder
+
+
+def recorded_id(thread_id: str) -> str:
+    """What a lease record names a thread by (see ThreadLeaseRecord)."""
+    seg = lg_thread_segment(thread_id)
+    return seg if lg_hashed(seg) else thread_id
+
+
+def names(rec: ThreadLeaseRecord, thread_id: str) -> bool:
+    """Whether a record is of this thread, not one copied under another's name."""
+    return rec.thread_id == thread_id or rec.thread_id == recorded_id(thread_id)
 
 
 def parse_record(key: str, data: bytes) -> ThreadLeaseRecord | None:
@@ -205,7 +220,7 @@ class ThreadLeases:
 
     def _record(self, thread_id: str, generation: int, *, released: bool = False,
                 renewals: int = 0) -> tuple[ThreadLeaseRecord, bytes]:
-        rec = ThreadLeaseRecord(thread_id=thread_id, holder=self.holder, generation=generation,
+        rec = ThreadLeaseRecord(thread_id=recorded_id(thread_id), holder=self.holder, generation=generation,
                                 ttl=self.ttl, released=released, renewals=renewals,
                                 nonce=uuid.uuid4().hex, time=time.time())
         return rec, rec.model_dump_json().encode()
@@ -373,15 +388,15 @@ class ThreadLeases:
             except FileExistsError:
                 mine = self._mine(key, rec)
                 if mine is not None:  # our create landed; its reply was lost
-                    return self._won(rec, mine, sent)
+                    return self._won(thread_id, rec, mine, sent)
             else:
-                return self._won(rec, etag, sent)
+                return self._won(thread_id, rec, etag, sent)
             try:
                 current, etag = self.storage.get_with_etag(key)
             except FileNotFoundError:
                 continue  # released and deleted by hand meanwhile: create it again
             old = parse_record(key, current)
-            if old is not None and old.thread_id != thread_id:
+            if old is not None and not names(old, thread_id):
                 old = None  # a record copied under another name is nobody's lease of this thread
             now = self.clock()
             # the etag and the nonce: a local disk's etag comes from stat fields, which coarse
@@ -421,15 +436,15 @@ class ThreadLeases:
                 if mine is None:
                     continue  # another contender, or the holder's renewal, came first: look again
                 new_etag = mine
-            return self._won(rec, new_etag, sent)
+            return self._won(thread_id, rec, new_etag, sent)
 
-    def _won(self, rec: ThreadLeaseRecord, etag: str, sent: float) -> None:
-        held = _Held(rec.thread_id, lg_lease_key(rec.thread_id), rec.generation, etag, rec.renewals,
+    def _won(self, thread_id: str, rec: ThreadLeaseRecord, etag: str, sent: float) -> None:
+        held = _Held(thread_id, lg_lease_key(thread_id), rec.generation, etag, rec.renewals,
                      sent + rec.ttl * SAFETY, self.clock())
         with self._lock:
-            self._held[rec.thread_id] = held
-            self._known.pop(rec.thread_id, None)
-            self._known[rec.thread_id] = rec.generation
+            self._held[thread_id] = held
+            self._known.pop(thread_id, None)
+            self._known[thread_id] = rec.generation
             while len(self._known) > _MAX_KNOWN:
                 self._known.pop(next(iter(self._known)))
         logger.debug("thread lease %s: acquired generation %d as %s", held.key, rec.generation, self.holder)
