@@ -182,3 +182,122 @@ def test_an_exported_run_builds_again_by_keywords(tmp_path: Any) -> None:
     assert proc.returncode == 0, proc.stderr
     again = AgentRun(**json.loads(out.read_text())["run"])
     assert again.steps["b"].dependencies == ["a"] and again.steps["a"].tool_calls[0].arguments == {"q": 1}
+
+
+class CheckedRun(AgentRun):
+    """A run whose assignments are validated, as Step's are: `run.steps = {...}` then takes dicts."""
+
+    model_config = ConfigDict(validate_assignment=True)
+
+
+class CallsStep(Step):
+    """Aliases and a field of a subclass's own that holds models, for assignment."""
+
+    model_config = ConfigDict(validate_assignment=True, populate_by_name=True)
+    paper_id: str = Field("", alias="paperId")
+    more_calls: list[ToolCall] = Field(default_factory=list)
+
+
+def test_a_typo_in_an_assigned_list_of_dicts_is_refused() -> None:
+    """Step validates assignments as a load validates: `step.tool_calls = [{..., "unknown_key":
+    1}]` dropped the key, and the commit acknowledged a call the load never gave back."""
+    step = Step(id="a", title="t", tool_calls=[ToolCall(tool_name="kept", arguments={})])
+    with pytest.raises(TypeError) as info:
+        step.tool_calls = [{"tool_name": "x", "arguments": {}, "unknown_key": 1}]
+    assert str(info.value).startswith("Step.tool_calls[0] (ToolCall) has unexpected key(s) "
+                                      "'unknown_key'; its fields are id, tool_name, arguments")
+    with pytest.raises(TypeError, match=r"Step.tool_calls\[1\] \(ToolCall\) has unexpected key\(s\) "
+                                        r"'tool' \(did you mean 'tool_name'\?\)"):
+        step.tool_calls = [ToolCall(tool_name="y", arguments={}), {"tool": "x", "arguments": {}}]
+    assert [c.tool_name for c in step.tool_calls] == ["kept"]  # refused before anything changed
+    with pytest.raises(TypeError, match=r"CallsStep.more_calls\[0\] \(ToolCall\) .* 'argumentz'"):
+        CallsStep(id="a", title="t").more_calls = [{"tool_name": "x", "arguments": {}, "argumentz": {}}]
+
+
+def test_a_typo_in_an_assigned_dict_of_dicts_is_refused() -> None:
+    run = CheckedRun(goal="g")
+    with pytest.raises(TypeError) as info:
+        run.steps = {"a": {"id": "a", "title": "a"},
+                     "b": {"id": "b", "title": "b", "depends_on": ["a"]}}
+    assert "CheckedRun.steps['b'] (Step) has unexpected key(s) 'depends_on'" in str(info.value)
+    assert "did you mean 'dependencies'?" in str(info.value)
+    assert run.steps == {}
+
+
+def test_a_typo_deeper_in_an_assigned_dict_is_refused() -> None:
+    """A ToolCall dict inside a Step dict inside the steps given to a run."""
+    run = CheckedRun(goal="g")
+    with pytest.raises(TypeError, match=r"CheckedRun.steps\['a'\].tool_calls\[0\] \(ToolCall\) has "
+                                        r"unexpected key\(s\) 'argumentz' \(did you mean 'arguments'\?\)"):
+        run.steps = {"a": {"id": "a", "title": "t",
+                           "tool_calls": [{"tool_name": "x", "arguments": {}, "argumentz": {}}]}}
+    with pytest.raises(TypeError, match=r"Step.tool_calls\[0\] \(ToolCall\) .* 'zz'"):
+        Step(id="a", title="t").tool_calls = ({"tool_name": "x", "arguments": {}, "zz": 1},)
+
+
+def test_a_valid_assignment_still_commits_and_loads(tmp_path: Any) -> None:
+    """Dicts with known keys, aliases and model instances are taken as a constructor takes them,
+    and what was assigned is what a load gives back."""
+    from ckptfs import CheckpointStore
+
+    run = CheckedRun(run_id="assigned", goal="g")
+    run.steps = {"a": {"id": "a", "title": "a"},
+                 "b": {"id": "b", "title": "b", "dependencies": ["a"],
+                       "tool_calls": [{"tool_name": "fetch", "arguments": {"q": 1}, "id": "c1"}]}}
+    run.steps = {**run.steps, "c": Step(id="c", title="c")}  # instances alongside, kept as given
+    step = run.steps["a"]
+    step.tool_calls = [ToolCall(tool_name="t", arguments={}, id="c0"),
+                       {"tool_name": "u", "arguments": {"k": [1]}, "result": "r", "id": "c2"}]
+    aliased = CallsStep(id="p", title="p")
+    aliased.more_calls = [{"tool_name": "x", "arguments": {}}]
+    aliased.tool_calls = [{"tool_name": "x", "arguments": {}}]
+    assert aliased.more_calls[0].tool_name == "x" == aliased.tool_calls[0].tool_name
+    open_step = OpenStep(id="o", title="o")
+    open_step.source = "web"  # extra="allow": its extra attributes stay its own
+    assert open_step.model_extra == {"source": "web"}
+    with CheckpointStore(str(tmp_path)) as store:
+        store.save_run(run)
+        run.steps["b"].tool_calls = [{"tool_name": "fetch", "arguments": {"q": 2}, "id": "c3"}]
+        store.commit(run, [run.steps["b"]])
+    with CheckpointStore(str(tmp_path)) as fresh:
+        loaded = fresh.load_run("assigned")
+    assert loaded is not None
+    assert [c.model_dump() for c in loaded.steps["a"].tool_calls] == [
+        c.model_dump() for c in step.tool_calls]
+    assert [(c.id, c.arguments) for c in loaded.steps["a"].tool_calls] == [("c0", {}), ("c2", {"k": [1]})]
+    assert [(c.id, c.arguments) for c in loaded.steps["b"].tool_calls] == [("c3", {"q": 2})]
+    assert loaded.steps["b"].dependencies == ["a"] and sorted(loaded.steps) == ["a", "b", "c"]
+
+
+def test_a_stored_unknown_key_still_loads(tmp_path: Any) -> None:
+    """What a newer writer stores (keys this version does not know, in a step and in one of its
+    tool calls) loads, and the loaded models take assignments like any other."""
+    import json
+
+    from ckptfs import CheckpointStore
+    from ckptfs.format import codec
+    from ckptfs.format.changes import Changes
+    from ckptfs.format.keys import log_key
+
+    run = AgentRun(run_id="newer", goal="g")
+    run.add_step(Step(id="a", title="a", tool_calls=[ToolCall(tool_name="t", arguments={})]))
+    with CheckpointStore(str(tmp_path)) as store:
+        store.save_run(run)
+        first = codec.decode(store.storage.get(log_key("newer", 1)), "k").header
+        doc = json.loads(run.steps["a"].model_dump_json())
+        doc["priority"] = 3
+        doc["tool_calls"][0]["cost_class"] = "paid"
+        body = Changes(steps={"a": codec.dumps(doc)}).to_json()
+        sha = codec.sha256_hex(body)
+        header = codec.RecordHeader(
+            format=codec.FORMAT_NAME, format_version=codec.FORMAT_VERSION, kind="journal",
+            run_id="newer", version=2, base=1, base_hash=first.hash,
+            hash=codec.chain_hash(first.hash, sha, 2), body_sha256=sha, writer="newer", time=1.0)
+        store.storage.put(log_key("newer", 2), codec.encode(header, body))
+    with CheckpointStore(str(tmp_path)) as fresh:
+        loaded = fresh.load_run("newer")
+        assert loaded is not None and fresh.last_load is not None and fresh.last_load.version == 2
+        step = loaded.steps["a"]
+        assert step.tool_calls[0].tool_name == "t" and "priority" not in step.model_dump()
+        step.tool_calls = [*step.tool_calls, {"tool_name": "u", "arguments": {}}]
+        assert fresh.commit(loaded, [step]) == 3

@@ -139,11 +139,14 @@ def _keys_of(cls: type[BaseModel]) -> tuple[frozenset[str] | None, dict[str, tup
     return accepted, nested
 
 
-def _check_keys(cls: type[BaseModel], given: Mapping[str, Any], where: str) -> None:
+def _check_keys(cls: type[BaseModel], given: Mapping[str, Any], where: str,
+                by_field: bool = False) -> None:
+    """by_field: `given` is named by fields, not by keywords (an assignment), so only the dicts
+    in its values are checked."""
     accepted, nested = _keys_of(cls)
     if accepted is None:
         return
-    if not given.keys() <= accepted:
+    if not by_field and not given.keys() <= accepted:
         unknown = sorted(given.keys() - accepted, key=str)
         hint = difflib.get_close_matches(str(unknown[0]), sorted(accepted), n=1)
         also = f" (did you mean {hint[0]!r}?)" if hint else ""
@@ -167,6 +170,30 @@ def _check_keys(cls: type[BaseModel], given: Mapping[str, Any], where: str) -> N
             if isinstance(item, Mapping) and all(isinstance(k, str) for k in item):
                 _check_keys(cast("type[BaseModel]", model), item,
                             f"{where.removesuffix('()')}.{name}" + ("" if key is None else f"[{key!r}]"))
+
+
+def _check_assignment(model: object, name: str, value: Any) -> None:
+    """With `validate_assignment`, pydantic validates an assigned value as a load validates it:
+    an unknown key in a dict given for a nested model (`step.tool_calls = [{"tool": ...}]`) was
+    dropped, and the commit acknowledged a value the load never returned. Such dicts are refused
+    as `_KnownFields` refuses them in a call. The models' `__setattr__` calls this (a metaclass
+    never sees an assignment) on every assignment, the runtime's too: cheap tests first."""
+    cls = cast("type[BaseModel]", type(model))
+    if (cls.model_config.get("validate_assignment") and isinstance(value, (list, tuple, dict, Mapping))
+            and name in _keys_of(cls)[1]):
+        _check_keys(cls, {name: value}, cls.__name__, by_field=True)
+
+
+class _CheckedAssignment:
+    """Step's `__setattr__` checks for itself; ToolCall and AgentRun validate no assignment, but
+    a subclass of theirs may (`validate_assignment=True`), and then `run.steps = {...}` would
+    drop keys too."""
+
+    __slots__ = ()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        _check_assignment(self, name, value)
+        super().__setattr__(name, value)
 
 
 def _short_uuid() -> str:
@@ -196,7 +223,7 @@ class ArtifactRef(BaseModel):
     summary: str = ""
 
 
-class ToolCall(BaseModel, metaclass=_KnownFields):
+class ToolCall(_CheckedAssignment, BaseModel, metaclass=_KnownFields):
     """Record of a single tool invocation (seed shape, plus idempotency bookkeeping).
 
     `phase` is "completed" for an ordinary finished call, "intent" for the durable
@@ -254,6 +281,7 @@ class Step(BaseModel, metaclass=_KnownFields):
         return validate_id(v, "step id")
 
     def __setattr__(self, name: str, value: Any) -> None:
+        _check_assignment(self, name, value)
         super().__setattr__(name, value)
         _touch(self)
 
@@ -373,7 +401,7 @@ def holds_shared_values(step: Step) -> bool:
     return _shared(step.__dict__.values(), _BASE_REFS)
 
 
-class AgentRun(BaseModel, metaclass=_KnownFields):
+class AgentRun(_CheckedAssignment, BaseModel, metaclass=_KnownFields):
     """Complete state of an agent execution run."""
 
     run_id: str = Field(default_factory=lambda: str(uuid.uuid4()))
