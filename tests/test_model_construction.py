@@ -301,3 +301,36 @@ def test_a_stored_unknown_key_still_loads(tmp_path: Any) -> None:
         assert step.tool_calls[0].tool_name == "t" and "priority" not in step.model_dump()
         step.tool_calls = [*step.tool_calls, {"tool_name": "u", "arguments": {}}]
         assert fresh.commit(loaded, [step]) == 3
+
+
+@pytest.mark.parametrize("how", ["added", "replaced", "seed"])
+def test_a_dict_put_where_a_step_belongs_is_refused_by_name(tmp_path: Any, how: str) -> None:
+    """AgentRun does not validate assignment, so `run.steps["b"] = {...}` (or a whole dict of
+    dicts) stores a plain dict. save_run failed with AttributeError ('dict' object has no
+    attribute '_ckpt_watch' / 'id'), a traceback that named neither the step nor the mistake.
+    Now it is UnstorableValueError naming the step and the type, nothing is written, and the
+    run saves once the step is built."""
+    from ckptfs import CheckpointStore
+    from ckptfs.errors import UnstorableValueError
+
+    with CheckpointStore(str(tmp_path)) as store:
+        run = AgentRun(run_id="r", goal="g", steps={"a": Step(id="a", title="a")})
+        store.save_run(run)
+        with pytest.raises(UnstorableValueError) as info:
+            if how == "added":
+                run.steps["b"] = {"id": "b", "title": "b"}  # type: ignore[assignment]
+                store.save_run(run)
+            elif how == "replaced":
+                run.steps = {"a": {"id": "a", "title": "a2"}}  # type: ignore[dict-item]
+                store.save_run(run)
+            else:
+                store.save_step_checkpoint("r", {"id": "b", "title": "b"})  # type: ignore[arg-type]
+        msg = str(info.value)
+        assert "is a dict, not a Step" in msg and "Step(" in msg, msg
+        assert ("'b'" in msg) if how != "replaced" else ("'a'" in msg), msg
+        assert store.list_versions("r") == [1]
+        run.steps = {"a": Step(id="a", title="a"), "b": Step(id="b", title="b")}
+        assert store.save_run(run) == 2
+    with CheckpointStore(str(tmp_path)) as fresh:
+        loaded = fresh.load_run("r")
+    assert loaded is not None and sorted(loaded.steps) == ["a", "b"]

@@ -464,7 +464,8 @@ class CheckpointStore:
         step touched, so a failed commit can restore exactly those (O(change), not O(run)).
         A changed step is checked (`_check_storable`) before its large values are planned."""
         changed: list[Step] = []
-        for step in steps:
+        for given in steps:
+            step = self._values.require_step(head.run_id, given)
             model_json = self._values.model_json_of(step, head.run_id, step.id)
             old = head.steps_cmp.get(step.id)
             # The head holds each step's JSON plain (as loaded, or just committed) or packed

@@ -122,6 +122,8 @@ class Head:
                 if sid in known:
                     return self._untracked()
                 s = steps[sid]
+                if not isinstance(s, Step):  # a dict put there: the full diff refuses it by name
+                    return self._untracked()
                 picked[sid] = known[sid] = s
                 pos[sid] = len(pos)
                 self.dirty[id(s)] = s

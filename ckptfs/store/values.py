@@ -78,6 +78,20 @@ class ValuePlanner:
             raise cls(run_id, step_id, got.path, got.reason)
 
     @staticmethod
+    def require_step(run_id: str, step: object) -> Step:
+        """`step` itself when it is a Step. AgentRun does not validate assignment, so
+        `run.steps["b"] = {...}` keeps a plain dict, which the commit path would meet as an
+        AttributeError naming neither the step nor the mistake."""
+        if isinstance(step, Step):
+            return step
+        sid = step.get("id") if isinstance(step, dict) else None
+        raise UnstorableValueError(
+            run_id, str(sid) if isinstance(sid, str) else None, "steps",
+            f"{'step ' + repr(sid) + ' ' if isinstance(sid, str) else 'a step '}is a "
+            f"{type(step).__name__}, not a Step (an AgentRun does not validate what is put in its "
+            "steps): build it with Step(...) or Step.model_validate(...)")
+
+    @staticmethod
     def check_optional_floats(run_id: str, step: Step) -> None:
         """NonFiniteValueError for a NaN or infinity in a step's optional float fields, which
         serialise as null and so look unchanged; O(1), for steps whose JSON did not change."""
