@@ -6,13 +6,14 @@ its completion record; this file is also that child (`python tests/test_tools.py
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -178,17 +179,35 @@ def test_open_intent_without_guard_refuses_to_call_again(store: CheckpointStore)
                       guard=lambda c: Done("was sent")) == "was sent"
     assert sent == []
     assert [c.phase for c in store.get_tool_call_history(run.run_id, "s1")] == ["intent", "completed"]
-    agent.record_tool_call(run.run_id, "s2", intent.model_copy(update={"id": "i2"}))
-    with pytest.raises(TypeError, match="guard returns"):
-        IdempotentToolRunner(agent, run.run_id, "s2").run(
-            "email", {"to": "x"}, lambda to: sent.append(to), irreversible=True, guard=lambda c: "maybe")
+    # an answer out of type leaves the outcome as unknown as no guard: quoted, clipped
+    for n, (answer, shown) in enumerate([("maybe", "returned str 'maybe'"),
+                                         (10**5000, "returned int <int that cannot be shown>"),
+                                         ({"to": "x" * 10**6}, "returned dict {'to': 'xxx")]):
+        agent.record_tool_call(run.run_id, f"s{n + 2}", intent.model_copy(update={"id": f"i{n}"}))
+        with pytest.raises(UnconfirmedActionError, match="must return Done") as err:
+            IdempotentToolRunner(agent, run.run_id, f"s{n + 2}").run(
+                "email", {"to": "x"}, lambda to: sent.append(to), irreversible=True,
+                guard=lambda c, answer=answer: answer)  # type: ignore[misc]
+        assert f"tool 'email' of step 's{n + 2}'" in str(err.value) and shown in str(err.value)
+        assert len(str(err.value)) < 600
     assert sent == []
 
 
 # ------------------------------------------------------------- real SIGKILL around an email
 
-def child(store_dir: str, outbox: str, mode: str) -> int:
-    """One process: send the report email (irreversible), then a follow-up step."""
+def _unreachable(intent: ToolCall) -> object:
+    raise ConnectionError("mail server unreachable")
+
+
+# guards a user may get wrong (mode resume_guard_<name>): answers out of type, or a raise
+BROKEN_GUARDS: dict[str, Callable[[ToolCall], object]] = {
+    "yes": lambda intent: "yes", "one": lambda intent: 1,
+    "dict": lambda intent: {"sent": True, "log": "x" * 1_000_000}, "raises": _unreachable}
+
+
+def child(store_dir: str, outbox: str, mode: str, how: str = "sync") -> int:
+    """One process: send the report email (irreversible), then a follow-up step. Each time a
+    guard is asked, a line goes to `outbox`.asked."""
     store = CheckpointStore(store_dir)
     agent = CheckpointedAgent(store)
     run_id = "mail-run"
@@ -210,6 +229,10 @@ def child(store_dir: str, outbox: str, mode: str) -> int:
         return f"sent to {to}"
 
     def guard(intent: ToolCall) -> object:
+        with open(outbox + ".asked", "a") as f:
+            f.write(f"{mode}\n")
+        if mode.startswith("resume_guard_"):
+            return BROKEN_GUARDS[mode.removeprefix("resume_guard_")](intent)
         text = Path(outbox).read_text() if Path(outbox).exists() else ""
         if intent.idempotency_key and intent.idempotency_key in text:
             return Done(f"sent to {intent.arguments['to']} (confirmed)")
@@ -222,8 +245,18 @@ def child(store_dir: str, outbox: str, mode: str) -> int:
                                          guard=None if mode == "resume_without_guard" else guard))
         return "archived"
 
+    async def aexecutor(step: Step, prior: list[ToolCall]) -> str:
+        if step.id == "notify":
+            return str(await agent.tools().arun(
+                "send_email", {"to": "team@example.com", "body": "weekly"}, send, irreversible=True,
+                idempotency_key_arg="idem", guard=None if mode == "resume_without_guard" else guard))
+        return "archived"
+
     try:
-        agent.execute_run(run, executor)
+        if how == "async":
+            asyncio.run(agent.aexecute_run(run, aexecutor))
+        else:
+            agent.execute_run(run, executor)
     except RunStoppedError as exc:
         print(json.dumps({"stopped": str(exc)}))
         return STOPPED
@@ -231,8 +264,8 @@ def child(store_dir: str, outbox: str, mode: str) -> int:
     return 0
 
 
-def spawn(store_dir: Path, outbox: Path, mode: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, __file__, "child", str(store_dir), str(outbox), mode],
+def spawn(store_dir: Path, outbox: Path, mode: str, how: str = "sync") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, __file__, "child", str(store_dir), str(outbox), mode, how],
                           capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
 
@@ -278,6 +311,77 @@ def test_crash_after_send_without_guard_stops_the_run_rather_than_guess(tmp_path
     assert len(lines(outbox)) == 1
     run = CheckpointStore(str(store_dir)).load_run("mail-run")
     assert run is not None and run.status == "failed" and run.steps["notify"].status.value == "pending"
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+@pytest.mark.parametrize("kind, answer", [
+    ("yes", "its guard returned str 'yes'"), ("one", "its guard returned int 1"),
+    ("dict", "its guard returned dict {'log': 'xxx"),
+    ("raises", "its guard raised ConnectionError: mail server unreachable")])
+def test_a_broken_guard_stops_the_run_as_no_guard_does_and_a_mended_one_sends_nothing_twice(
+        tmp_path: Path, kind: str, answer: str, how: str) -> None:
+    """A guard answering out of type raised TypeError in the step: with the default policy the
+    step FAILED at once (a programming error), its dependant SKIPPED, and the way back,
+    resume_run(retry_failed=True), fenced the intent off and paid again without asking; a
+    raising guard was retried, asking it again, until the retries ran out."""
+    store_dir, outbox = tmp_path / "store", tmp_path / "outbox.txt"
+    asked = Path(f"{outbox}.asked")
+    assert spawn(store_dir, outbox, "kill_after_send", how).returncode == -signal.SIGKILL
+    assert len(lines(outbox)) == 1
+    for n in (1, 2):  # each resume stops again, asks the guard once, and sends nothing
+        broken = spawn(store_dir, outbox, f"resume_guard_{kind}", how)
+        assert broken.returncode == STOPPED, broken.stdout + broken.stderr
+        stopped = json.loads(broken.stdout)["stopped"]
+        assert "tool 'send_email' of step 'notify'" in stopped and answer in stopped, stopped
+        assert "must return Done(result) or True" in stopped and len(stopped) < 1000
+        assert len(lines(outbox)) == 1 and len(lines(asked)) == n
+        run = CheckpointStore(str(store_dir)).load_run("mail-run")
+        assert run is not None and run.status == "failed"  # stopped, as with no guard
+        assert {s.id: s.status.value for s in run.steps.values()} == {"notify": "pending",
+                                                                        "archive": "pending"}
+        assert run.steps["notify"].attempt_count == 1 + n  # the resume's own attempt: no retry
+    from tests.test_cli_commands import cli
+
+    code, out, err = cli("show", str(store_dir), "mail-run", "--json")
+    assert code == 0, err
+    shown = {s["id"]: s for s in json.loads(out)["steps"]}
+    assert [shown[s]["status"] for s in ("notify", "archive")] == ["pending", "pending"]
+    assert answer in shown["notify"]["error"]
+    mended = spawn(store_dir, outbox, "resume_with_guard", how)
+    assert mended.returncode == 0, mended.stderr
+    assert json.loads(mended.stdout) == {"status": "completed",
+                                         "notify": "sent to team@example.com (confirmed)"}
+    assert len(lines(outbox)) == 1 and len(lines(asked)) == 3
+    history = CheckpointStore(str(store_dir)).get_tool_call_history("mail-run", "notify")
+    assert [c.phase for c in history] == ["intent", "completed"]
+
+
+def test_a_broken_guard_fails_a_workers_step_at_once_as_no_guard_does(tmp_path: Path) -> None:
+    """Workers fail a step whose paid call's outcome is unknown (one worker cannot stop the
+    others); a raising guard was instead retried, asked again each time, then failed."""
+    from ckptfs.runtime.policy import RetryPolicy
+    from ckptfs.runtime.worker import Worker
+
+    store_dir, outbox = tmp_path / "store", tmp_path / "outbox.txt"
+    assert spawn(store_dir, outbox, "kill_after_send").returncode == -signal.SIGKILL
+    asked: list[str] = []
+
+    def guard(intent: ToolCall) -> object:
+        asked.append(intent.tool_name)
+        return _unreachable(intent)
+
+    with CheckpointStore(str(store_dir)) as store:
+        worker = Worker(store, retry=RetryPolicy(base_delay=0.0), poll_interval=0.05)
+
+        def executor(step: Step, prior: list[ToolCall]) -> str:
+            return str(worker.tools().run("send_email", {"to": "team@example.com", "body": "weekly"},
+                                          lambda **_: "resent", irreversible=True, guard=guard))
+
+        report = worker.work("mail-run", executor, idle_timeout=10)
+    assert report.failed == ["notify"] and asked == ["send_email"] and len(lines(outbox)) == 1
+    run = CheckpointStore(str(store_dir)).load_run("mail-run")
+    assert run is not None and run.steps["notify"].status.value == "failed"
+    assert "its guard raised ConnectionError" in (run.steps["notify"].error or "")
 
 
 @pytest.mark.parametrize("bad", [float("nan"), 10**5000, (1, 2), object(), b"\xff\xfe", b"ok", "\ud800"],
@@ -422,4 +526,4 @@ def test_an_executor_error_naming_an_odd_file_is_recorded(tmp_path: Path) -> Non
 
 
 if __name__ == "__main__":
-    sys.exit(child(sys.argv[2], sys.argv[3], sys.argv[4]))
+    sys.exit(child(*sys.argv[2:6]))

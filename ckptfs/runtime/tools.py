@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import reprlib
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -37,7 +38,8 @@ logger = logging.getLogger(__name__)
 class UnconfirmedActionError(CkptfsError):
     """A call may have taken effect, or did, and the log cannot give back its outcome: an
     irreversible call's intent with no completion (a crash mid-call), or any call whose result
-    the store refused to keep (`UNKEPT`). No guard was given to decide, so it is not repeated."""
+    the store refused to keep (`UNKEPT`). No guard was given to decide, or it did not (it
+    raised, or answered something other than its four answers), so it is not repeated."""
 
     def __init__(self, tool_name: str, idempotency_key: str, detail: str | None = None) -> None:
         self.tool_name = tool_name
@@ -56,15 +58,17 @@ class Done:
     result: Any = None
 
 
-def _guard_says_done(decision: object) -> Done | None:
-    if isinstance(decision, Done):
-        return decision
-    if decision is True:
-        return Done(None)
-    if decision is None or decision is False:
-        return None
-    raise TypeError(f"a guard returns Done(result), True (done) or False/None (not done), "
-                    f"got {type(decision).__name__}")
+def _clip(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _short_repr(value: object) -> str:
+    """A guard's answer as an error can quote it: a fetched record can be megabytes, and a
+    repr can raise (an int past Python's digit limit, a broken __repr__)."""
+    try:
+        return _clip(reprlib.repr(value))
+    except Exception:
+        return f"<{type(value).__name__} that cannot be shown>"
 
 
 class IdempotentToolRunner:
@@ -132,7 +136,7 @@ class IdempotentToolRunner:
                     "and pass guard= to decide: Done(result) with a result you have or can fetch "
                     "by the idempotency key, False to pay for the call again"))
             raise UnconfirmedActionError(tool_name, reuse or "?")
-        done = _guard_says_done(guard(intent))
+        done = self._ask_guard(guard, intent, tool_name, reuse or "?")
         if done is None:
             logger.warning("run %s step %s: %s had an intent but no completion; the guard says it "
                            "did not happen: calling again with key %s", self.run_id, self.step_id,
@@ -141,6 +145,35 @@ class IdempotentToolRunner:
         logger.info("run %s step %s: %s had an intent but no completion; the guard says it took "
                     "effect: not calling again", self.run_id, self.step_id, tool_name)
         return True, done.result, reuse
+
+    def _ask_guard(self, guard: Callable[[ToolCall], object], intent: ToolCall, tool_name: str,
+                   key: str) -> Done | None:
+        """The guard's verdict, or UnconfirmedActionError when it gives none.
+
+        A guard that raises, or answers with anything but Done(result), True, False or None,
+        leaves the outcome as unknown as no guard at all, so it stops the run the same way.
+        Failing the step instead (as its TypeError did) skipped the dependants, and the way
+        back, `resume_run(retry_failed=True)`, fences the open intent off: the retry then paid
+        for the call again without asking anyone. Retrying only asks the same guard again.
+        """
+        cause: Exception | None = None
+        try:
+            decision = guard(intent)
+        except Exception as exc:
+            got, cause = f"raised {_clip(error_text(exc), 300)}", exc
+        else:
+            if isinstance(decision, Done):
+                return decision
+            if decision is True:
+                return Done(None)
+            if decision is None or decision is False:
+                return None
+            got = f"returned {type(decision).__name__} {_short_repr(decision)}"
+        raise UnconfirmedActionError(tool_name, key, (
+            f"tool {tool_name!r} of step {self.step_id!r} (idempotency key {key}) may have taken "
+            f"effect, and its guard {got}. A guard must return Done(result) or True if the action "
+            "took effect, False or None if it did not (and raise only if it cannot tell); the tool "
+            "is not called again blindly: mend the guard, or what it checks, and resume")) from cause
 
     def _call_args(self, arguments: Mapping[str, Any], idem: str, key_arg: str | None) -> dict[str, Any]:
         kwargs = dict(arguments)
@@ -155,7 +188,8 @@ class IdempotentToolRunner:
 
         irreversible: write a durable intent first; on replay an open intent goes to `guard`
             (returns Done(result)/True if the action took effect, False/None to call again);
-            without a guard an open intent raises UnconfirmedActionError.
+            without a guard, or when it raises or answers anything else, an open intent
+            raises UnconfirmedActionError.
         checkpoint: commit the run right after this call, whatever the checkpoint policy
             (for an expensive call after many cheap, not yet committed steps).
         idempotency_key_arg: pass the call's idempotency key to `fn` under this name.
