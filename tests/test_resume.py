@@ -106,6 +106,39 @@ def test_retry_failed_puts_failed_and_skipped_steps_back(url: str) -> None:
     assert again.status == "completed" and again.completed_count == 4
 
 
+@pytest.mark.parametrize("irreversible", [False, True])
+def test_retry_failed_replays_the_calls_the_failed_attempt_paid_for(url: str, irreversible: bool) -> None:
+    """A step that paid for a call (an email sent) and then raised, FAILED, and retried with
+    `resume_run(retry_failed=True)`: the retry fenced off the step's tool log as a fuzzy
+    invalidation does, so it sent the email again. A failed step retried is the same execution
+    going on, as a retry within execute_run is: its paid calls replay from the log, once paid."""
+    store = CheckpointStore(url)
+    agent = CheckpointedAgent(store, retry=RetryPolicy(max_attempts=1, on_exhausted="fail"))
+    run = agent.start_run("r", graph())
+    sent: list[str] = []
+    broken = {"a"}
+
+    def send(to: str) -> str:
+        sent.append(to)
+        return f"sent to {to}"
+
+    def ex(step: Step, prior: list[ToolCall]) -> str:
+        got = agent.tools().run("send", {"to": f"{step.id}@example.com"}, send, irreversible=irreversible)
+        if step.id in broken:
+            raise RuntimeError("the step failed after the email went out")
+        return str(got)
+
+    agent.execute_run(run, ex)
+    assert run.steps["a"].status == StepStatus.FAILED and sent.count("a@example.com") == 1
+    broken.clear()
+    again = agent.resume_run(run.run_id, retry_failed=True)
+    assert again is not None
+    agent.execute_run(again, ex)
+    assert again.status == "completed" and again.steps["a"].result == "sent to a@example.com"
+    assert sent.count("a@example.com") == 1, sent  # replayed, not sent again
+    assert sorted(sent) == sorted({f"{s}@example.com" for s in "abcd"})
+
+
 def test_context_restart_builds_a_brief_and_a_new_linked_run(url: str) -> None:
     store = CheckpointStore(url)
     agent = CheckpointedAgent(store, retry=FAST)

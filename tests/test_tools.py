@@ -211,7 +211,7 @@ def child(store_dir: str, outbox: str, mode: str, how: str = "sync") -> int:
     store = CheckpointStore(store_dir)
     agent = CheckpointedAgent(store)
     run_id = "mail-run"
-    run = agent.resume_run(run_id)
+    run = agent.resume_run(run_id, retry_failed=mode == "retry_failed_with_guard")
     if run is None:
         run = agent.start_run("email the weekly report", [
             Step(id="notify", title="email the report"),
@@ -382,6 +382,13 @@ def test_a_broken_guard_fails_a_workers_step_at_once_as_no_guard_does(tmp_path: 
     run = CheckpointStore(str(store_dir)).load_run("mail-run")
     assert run is not None and run.steps["notify"].status.value == "failed"
     assert "its guard raised ConnectionError" in (run.steps["notify"].error or "")
+    # the way back from FAILED, resume_run(retry_failed=True) with a mended guard: it fenced the
+    # open intent off and sent the email again without asking; now the guard is asked
+    second = spawn(store_dir, outbox, "retry_failed_with_guard")
+    assert second.returncode == 0, second.stderr
+    assert len(lines(outbox)) == 1, lines(outbox)  # not sent again
+    assert lines(Path(str(outbox) + ".asked")) == ["retry_failed_with_guard"]
+    assert json.loads(second.stdout)["notify"] == "sent to team@example.com (confirmed)"
 
 
 @pytest.mark.parametrize("bad", [float("nan"), 10**5000, (1, 2), object(), b"\xff\xfe", b"ok", "\ud800"],

@@ -155,7 +155,7 @@ class CheckpointedAgent:
 
         changed = {s.id: s for s in requeue_interrupted(run)}
         if retry_failed:
-            changed.update((s.id, s) for s in reset_failed(run, log_len))
+            changed.update((s.id, s) for s in reset_failed(run))
         if strategy == "fuzzy" and validator is not None:
             changed.update((s.id, s) for s in invalidate(run, validator, log_len))
         for sid in changed:

@@ -74,12 +74,17 @@ def requeue_interrupted(run: AgentRun) -> list[Step]:
     return out
 
 
-def reset_failed(run: AgentRun, tool_log_len: Callable[[str], int] | None = None) -> list[Step]:
-    """FAILED and SKIPPED steps go back to PENDING, to be tried again (`retry_failed=True`)."""
+def reset_failed(run: AgentRun) -> list[Step]:
+    """FAILED and SKIPPED steps go back to PENDING, to be tried again (`retry_failed=True`).
+
+    Their tool logs are not fenced off, unlike `invalidate`'s: a failed step tried again is the
+    same execution going on, as a retry within execute_run is. What it paid for replays from
+    the log, and an intent it left open goes to the guard. Fenced off, an email the failed
+    attempt had sent was sent again, and an open intent was paid again without asking."""
     out = []
     for step in run.steps.values():
         if step.status in (StepStatus.FAILED, StepStatus.SKIPPED):
-            _reset(step, f"reset from {step.status.value} on resume", tool_log_len)
+            _reset(step, f"reset from {step.status.value} on resume", None)
             out.append(step)
     return out
 

@@ -152,9 +152,9 @@ class IdempotentToolRunner:
 
         A guard that raises, or answers with anything but Done(result), True, False or None,
         leaves the outcome as unknown as no guard at all, so it stops the run the same way.
-        Failing the step instead (as its TypeError did) skipped the dependants, and the way
-        back, `resume_run(retry_failed=True)`, fences the open intent off: the retry then paid
-        for the call again without asking anyone. Retrying only asks the same guard again.
+        Failing the step instead (as its TypeError did) skipped the dependants and left the
+        run to be mended by `resume_run(retry_failed=True)`; retrying only asks the same guard
+        again.
         """
         cause: Exception | None = None
         try:
