@@ -188,3 +188,34 @@ def test_prompt_clips_long_results() -> None:
     text = build_brief(run).to_prompt(max_result_chars=100)
     assert "z" * 99 in text and "z" * 101 not in text
     assert build_brief(run).done[0].result == "z" * 5000  # the structured brief keeps it whole
+
+
+def test_fuzzy_with_retry_failed_fences_a_failed_step_downstream_of_a_rejected_one(url: str) -> None:
+    """`resume_run("fuzzy", validator=..., retry_failed=True)`: retry_failed put the FAILED
+    step back to PENDING first, so the invalidation passed over it as already pending and did
+    not fence its log, and the retry served the price fetched from the world the validator had
+    just called stale. Without retry_failed the same step was reset and fenced."""
+    store = CheckpointStore(url)
+    agent = CheckpointedAgent(store, retry=RetryPolicy(max_attempts=1, on_exhausted="fail"))
+    run = agent.start_run("r", [Step(id="a", title="quote"), Step(id="b", title="buy", dependencies=["a"])])
+    world = {"price": 10}
+    fetched: list[int] = []
+
+    def price() -> int:
+        fetched.append(world["price"])
+        return world["price"]
+
+    def ex(step: Step, prior: list[ToolCall]) -> str:
+        got = agent.tools().run("price", {}, price)
+        if step.id == "b" and world["price"] == 10:
+            raise RuntimeError("the broker was down")
+        return f"{step.id}@{got}"
+
+    agent.execute_run(run, ex)
+    assert run.steps["b"].status == StepStatus.FAILED and fetched == [10, 10]
+    world["price"] = 12
+    again = agent.resume_run(run.run_id, "fuzzy", validator=lambda s: s.id != "a", retry_failed=True)
+    assert again is not None
+    agent.execute_run(again, ex)
+    assert again.status == "completed", again.steps["b"].error
+    assert again.steps["a"].result == "a@12" and again.steps["b"].result == "b@12"

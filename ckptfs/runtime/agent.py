@@ -154,10 +154,13 @@ class CheckpointedAgent:
             return len(self.store.get_tool_call_history(run_id, sid))
 
         changed = {s.id: s for s in requeue_interrupted(run)}
-        if retry_failed:
-            changed.update((s.id, s) for s in reset_failed(run))
+        # Invalidation first: a failed step downstream of a rejected one is then reset by it,
+        # fenced, instead of being taken for an untouched pending step once retry_failed had
+        # reset it, and replaying results fetched from the world the validator called stale.
         if strategy == "fuzzy" and validator is not None:
             changed.update((s.id, s) for s in invalidate(run, validator, log_len))
+        if retry_failed:
+            changed.update((s.id, s) for s in reset_failed(run))
         for sid in changed:
             self._tool_logs.forget(run_id, sid)
         if changed:
