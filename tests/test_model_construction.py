@@ -334,3 +334,41 @@ def test_a_dict_put_where_a_step_belongs_is_refused_by_name(tmp_path: Any, how: 
     with CheckpointStore(str(tmp_path)) as fresh:
         loaded = fresh.load_run("r")
     assert loaded is not None and sorted(loaded.steps) == ["a", "b"]
+
+
+@pytest.mark.parametrize("how", ["sync", "async"])
+@pytest.mark.parametrize("bad", ["dict", "other-id", "none", "toolcall"])
+def test_a_non_step_in_a_run_is_refused_by_its_key_before_a_step_runs(tmp_path: Any, how: str,
+                                                                      bad: str) -> None:
+    """A value put in `run.steps` of a run the agent had saved: execute_run and aexecute_run
+    failed with AttributeError ('dict' object has no attribute 'status') from the schedule,
+    and save_run named the step by the dict's own id, or not at all (None, a ToolCall)."""
+    import asyncio
+
+    from ckptfs import CheckpointStore, ToolCall
+    from ckptfs.errors import UnstorableValueError
+    from ckptfs.runtime.agent import CheckpointedAgent
+
+    value: Any = {"dict": {"id": "b", "title": "b"}, "other-id": {"id": "c", "title": "b"},
+                  "none": None, "toolcall": ToolCall(tool_name="t", arguments={})}[bad]
+    ran: list[str] = []
+
+    def ex(step: Step, prior: list[Any]) -> str:
+        ran.append(step.id)
+        return "ok"
+
+    async def aex(step: Step, prior: list[Any]) -> str:
+        return ex(step, prior)
+
+    with CheckpointStore(str(tmp_path)) as store:
+        agent = CheckpointedAgent(store)
+        run = agent.start_run("g", [Step(id="a", title="a")], run_id="r")
+        run.steps["b"] = value
+        for attempt in (lambda: agent.execute_run(run, ex) if how == "sync"
+                        else asyncio.run(agent.aexecute_run(run, aex)), lambda: store.save_run(run)):
+            with pytest.raises(UnstorableValueError) as info:
+                attempt()
+            msg = str(info.value)
+            assert f"step 'b'{' (a dict whose id is' if bad == 'other-id' else ''}" in msg, msg
+            assert "not a Step" in msg, msg
+        assert ran == [] and store.list_versions("r") == [1]

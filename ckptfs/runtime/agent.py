@@ -59,6 +59,7 @@ from ckptfs.runtime.tool_log import ToolLogs, ToolLogState
 from ckptfs.runtime.tools import IdempotentToolRunner, UnconfirmedActionError
 from ckptfs.store.checkpoint_store import CheckpointStore
 from ckptfs.store.group_commit import GroupCommitter
+from ckptfs.store.values import ValuePlanner
 
 logger = logging.getLogger(__name__)
 
@@ -340,6 +341,9 @@ class CheckpointedAgent:
         if run.run_id not in self._known:
             self.store.save_run(run)  # a run this agent never saw: make all of it durable once
             self._known.add(run.run_id)
+        # A run it saved already can have had a dict put in its steps since: refused by name
+        # here, or the schedule below fails on it with AttributeError ('dict' ... 'status').
+        ValuePlanner.require_steps(run)
         ex = Execution(run, self.policy, self.retry, on_progress or self.on_progress, self._rng)
         for step in requeue_interrupted(run):
             ex.dirty[step.id] = step

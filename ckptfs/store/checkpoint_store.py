@@ -673,6 +673,7 @@ class CheckpointStore:
         with self._lock(run.run_id):
             changed = self._head(run.run_id).changed_steps(run)
             if changed is None:
+                self._values.require_steps(run)
                 return self._commit_steps(run.run_id, run, run.steps.values(), full=True)
             return self._commit_steps(run.run_id, run, changed)
 

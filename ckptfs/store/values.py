@@ -78,18 +78,30 @@ class ValuePlanner:
             raise cls(run_id, step_id, got.path, got.reason)
 
     @staticmethod
-    def require_step(run_id: str, step: object) -> Step:
+    def require_step(run_id: str, step: object, key: str | None = None) -> Step:
         """`step` itself when it is a Step. AgentRun does not validate assignment, so
         `run.steps["b"] = {...}` keeps a plain dict, which the commit path would meet as an
-        AttributeError naming neither the step nor the mistake."""
+        AttributeError naming neither the step nor the mistake. `key`: where it sits in
+        `run.steps`, the name the caller used (None or a ToolCall has no id to go by)."""
         if isinstance(step, Step):
             return step
         sid = step.get("id") if isinstance(step, dict) else None
+        sid = sid if isinstance(sid, str) else None
+        name = key if key is not None else sid
+        where = f"step {name!r}" if name is not None else "a step"
+        if key is not None and sid is not None and sid != key:
+            where += f" (a dict whose id is {sid!r})"
         raise UnstorableValueError(
-            run_id, str(sid) if isinstance(sid, str) else None, "steps",
-            f"{'step ' + repr(sid) + ' ' if isinstance(sid, str) else 'a step '}is a "
-            f"{type(step).__name__}, not a Step (an AgentRun does not validate what is put in its "
-            "steps): build it with Step(...) or Step.model_validate(...)")
+            run_id, name, "steps",
+            f"{where} is a {type(step).__name__}, not a Step (an AgentRun does not validate what "
+            "is put in its steps): build it with Step(...) or Step.model_validate(...)")
+
+    @classmethod
+    def require_steps(cls, run: AgentRun) -> None:
+        """`require_step` for every step of `run`, by its key."""
+        for key, step in run.steps.items():
+            if not isinstance(step, Step):
+                cls.require_step(run.run_id, step, key)
 
     @staticmethod
     def check_optional_floats(run_id: str, step: Step) -> None:
