@@ -534,3 +534,52 @@ def test_an_executor_error_naming_an_odd_file_is_recorded(tmp_path: Path) -> Non
 
 if __name__ == "__main__":
     sys.exit(child(*sys.argv[2:6]))
+
+
+@pytest.mark.parametrize("how", ["arun", "run"])
+def test_an_async_guard_is_awaited_by_arun(tmp_path: Path, how: str) -> None:
+    """A guard written as `async def` (it asks the outside world with the async client the tool
+    uses): arun took the coroutine for its answer, stopped the run with "its guard returned
+    coroutine" on every resume and left a 'coroutine was never awaited' warning. arun awaits
+    it now; run, which cannot, says so, and closes the coroutine."""
+    import warnings
+
+    sent: list[str] = []
+    crash = [True]
+
+    def send() -> str:
+        sent.append("mail")
+        if crash[0]:
+            raise KeyboardInterrupt  # the process dies mid-call: an intent, no completion
+        return "sent"
+
+    async def guard(intent: ToolCall) -> Done:
+        return Done("sent (confirmed)")
+
+    def agent_and_executor() -> tuple[CheckpointedAgent, Callable[..., object]]:
+        agent = CheckpointedAgent(CheckpointStore(str(tmp_path)))
+
+        async def ex(step: Step, prior: list[ToolCall]) -> str:
+            if how == "arun":
+                return str(await agent.tools().arun("send", {}, send, irreversible=True, guard=guard))
+            return str(agent.tools().run("send", {}, send, irreversible=True, guard=guard))
+
+        return agent, ex
+
+    agent, ex = agent_and_executor()
+    run = agent.start_run("g", [Step(id="a", title="a")], run_id="r")
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(agent.aexecute_run(run, ex))  # type: ignore[arg-type]
+    crash[0] = False
+    agent, ex = agent_and_executor()
+    again = agent.resume_run("r")
+    assert again is not None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a coroutine never awaited
+        if how == "arun":
+            asyncio.run(agent.aexecute_run(again, ex))  # type: ignore[arg-type]
+            assert again.steps["a"].result == "sent (confirmed)"
+        else:
+            with pytest.raises(RunStoppedError, match="coroutine function, which only arun can await"):
+                asyncio.run(agent.aexecute_run(again, ex))  # type: ignore[arg-type]
+    assert sent == ["mail"]

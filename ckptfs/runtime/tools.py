@@ -117,6 +117,31 @@ class IdempotentToolRunner:
     def _replay(self, tool_name: str, key: str, irreversible: bool,
                 guard: Callable[[ToolCall], object] | None) -> tuple[bool, Any, str | None]:
         """(hit, result, idempotency key to reuse) from the log, asking the guard if needed."""
+        got = self._lookup(tool_name, key, irreversible, guard)
+        if not isinstance(got, ToolCall):
+            return got
+        assert guard is not None  # _lookup raised without one
+        return self._decided(tool_name, got, *self._call_guard(guard, got, asynchronous=False))
+
+    async def _areplay(self, tool_name: str, key: str, irreversible: bool,
+                       guard: Callable[[ToolCall], object] | None) -> tuple[bool, Any, str | None]:
+        """`_replay` for `arun`, whose guard may be a coroutine function (it checks the world
+        with the same async client the tool uses): its answer is awaited, not taken for one."""
+        got = self._lookup(tool_name, key, irreversible, guard)
+        if not isinstance(got, ToolCall):
+            return got
+        assert guard is not None
+        decision, cause = self._call_guard(guard, got, asynchronous=True)
+        if cause is None and inspect.isawaitable(decision):
+            try:
+                decision = await decision
+            except Exception as exc:
+                decision, cause = None, exc
+        return self._decided(tool_name, got, decision, cause)
+
+    def _lookup(self, tool_name: str, key: str, irreversible: bool,
+                guard: Callable[[ToolCall], object] | None) -> tuple[bool, Any, str | None] | ToolCall:
+        """What the log answers alone, or the open intent a guard must decide."""
         state = self._state
         hit = state.completed.get(key)
         if hit is not None:
@@ -136,7 +161,12 @@ class IdempotentToolRunner:
                     "and pass guard= to decide: Done(result) with a result you have or can fetch "
                     "by the idempotency key, False to pay for the call again"))
             raise UnconfirmedActionError(tool_name, reuse or "?")
-        done = self._ask_guard(guard, intent, tool_name, reuse or "?")
+        return intent
+
+    def _decided(self, tool_name: str, intent: ToolCall, decision: object,
+                 cause: Exception | None) -> tuple[bool, Any, str | None]:
+        reuse = intent.idempotency_key
+        done = self._verdict(decision, cause, tool_name, reuse or "?")
         if done is None:
             logger.warning("run %s step %s: %s had an intent but no completion; the guard says it "
                            "did not happen: calling again with key %s", self.run_id, self.step_id,
@@ -146,8 +176,22 @@ class IdempotentToolRunner:
                     "effect: not calling again", self.run_id, self.step_id, tool_name)
         return True, done.result, reuse
 
-    def _ask_guard(self, guard: Callable[[ToolCall], object], intent: ToolCall, tool_name: str,
-                   key: str) -> Done | None:
+    @staticmethod
+    def _call_guard(guard: Callable[[ToolCall], object], intent: ToolCall, *,
+                    asynchronous: bool) -> tuple[object, Exception | None]:
+        """(answer, None) or (None, what it raised). A coroutine in `run` is closed unawaited:
+        it cannot be awaited there, and left alone it warns 'never awaited' at exit."""
+        try:
+            decision = guard(intent)
+        except Exception as exc:
+            return None, exc
+        if not asynchronous and inspect.iscoroutine(decision):
+            decision.close()
+            return None, TypeError("it is a coroutine function, which only arun can await")
+        return decision, None
+
+    def _verdict(self, decision: object, cause: Exception | None, tool_name: str,
+                 key: str) -> Done | None:
         """The guard's verdict, or UnconfirmedActionError when it gives none.
 
         A guard that raises, or answers with anything but Done(result), True, False or None,
@@ -156,18 +200,15 @@ class IdempotentToolRunner:
         run to be mended by `resume_run(retry_failed=True)`; retrying only asks the same guard
         again.
         """
-        cause: Exception | None = None
-        try:
-            decision = guard(intent)
-        except Exception as exc:
-            got, cause = f"raised {_clip(error_text(exc), 300)}", exc
+        if cause is not None:
+            got = f"raised {_clip(error_text(cause), 300)}"
+        elif isinstance(decision, Done):
+            return decision
+        elif decision is True:
+            return Done(None)
+        elif decision is None or decision is False:
+            return None
         else:
-            if isinstance(decision, Done):
-                return decision
-            if decision is True:
-                return Done(None)
-            if decision is None or decision is False:
-                return None
             got = f"returned {type(decision).__name__} {_short_repr(decision)}"
         raise UnconfirmedActionError(tool_name, key, (
             f"tool {tool_name!r} of step {self.step_id!r} (idempotency key {key}) may have taken "
@@ -229,12 +270,12 @@ class IdempotentToolRunner:
                    checkpoint: bool = False, idempotency_key_arg: str | None = None) -> Any:
         """`run` for async code: `fn` may be a coroutine function; store writes leave the loop."""
         key, idem = self._prepare(tool_name, arguments)
-        hit, result, reuse = self._replay(tool_name, key, irreversible, guard)
+        hit, result, reuse = await self._areplay(tool_name, key, irreversible, guard)
         if not hit:
             seen = self._state.revision
             await self.agent.abefore_tool_call(self.run_id, self.step_id)
             if self._state.revision != seen:
-                hit, result, reuse = self._replay(tool_name, key, irreversible, guard)
+                hit, result, reuse = await self._areplay(tool_name, key, irreversible, guard)
         idem = reuse or idem
         if hit:
             if reuse is not None:
