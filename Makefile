@@ -4,6 +4,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
+# The suite runs on every core (pytest-xdist): most of its time is subprocesses, kills and
+# network waits, and each worker has its own embedded S3 server. `make test PYTEST_WORKERS=`
+# runs it in one process.
+PYTEST_WORKERS ?= -n auto --dist worksteal
+
 .PHONY: demo test lint typecheck bench bench-scale clean venv langgraph-demo workers-demo test-lgmin
 
 # The oldest LangGraph that pyproject admits, in a second venv, for the LangGraph test files
@@ -39,7 +44,7 @@ $(LGMIN_STAMP): pyproject.toml
 	@touch $(LGMIN_STAMP)
 
 test-lgmin: $(LGMIN_STAMP)
-	$(LGMIN)/bin/python -m pytest -q -p no:cacheprovider $(LG_TESTS)
+	$(LGMIN)/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_WORKERS) $(LG_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check ckptfs tests examples benchmarks backends
@@ -48,7 +53,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --strict ckptfs
 
 test: lint typecheck test-lgmin
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_WORKERS)
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py
