@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from langgraph.checkpoint.base import WRITES_IDX_MAP, BaseCheckpointSaver, CheckpointTuple
 
@@ -102,7 +103,13 @@ class SqliteSource(Source):
 
         if not Path(path).is_file():
             raise ConfigError(f"no SQLite file at {path}")
-        self.conn = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True, check_same_thread=False)
+        # The name goes into a URI, so it is percent-encoded: SQLite reads '?' and '#' as the end
+        # of the name and '%' as an escape, and it opened "my" (created, read-write) for my#1.db.
+        uri = f"file:{quote(str(Path(path).resolve()))}?mode=ro"
+        try:
+            self.conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        except sqlite3.Error as exc:  # a file this user may not read: bad input, not a crash
+            raise ConfigError(f"cannot open {path}: {exc}") from None
         try:
             tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         except sqlite3.DatabaseError as exc:

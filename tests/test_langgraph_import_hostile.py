@@ -1,0 +1,87 @@
+"""`ckptfs import-langgraph` from sources a hostile review found mishandled, run as the real
+executable: a SQLite file whose name holds '#', '?' or '%', and one this user may not read.
+
+Permission bits are made real even when the tests run as root: the child drops
+CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and CAP_FOWNER from its bounding set before exec (as in
+test_hostile_files.py), so the kernel checks the bits for it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from langgraph.checkpoint.sqlite import SqliteSaver
+from test_cli_commands import cli, cli_json
+from test_langgraph_import import fill, history
+
+from ckptfs.integrations.langgraph import CkptfsSaver
+
+_LIBC = ctypes.CDLL(None, use_errno=True)  # bound before any fork: preexec_fn only calls it
+_PR_CAPBSET_DROP = 24
+_DAC_CAPS = (1, 2, 3)  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER
+
+
+def _drop_dac() -> None:
+    """preexec_fn: make permission bits bind this child even when it runs as root."""
+    if os.geteuid() != 0:
+        return
+    for cap in _DAC_CAPS:
+        if _LIBC.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
+
+
+def _cli_bound(*args: str) -> tuple[int, str, str]:
+    """The real `ckptfs`, with permission bits binding it."""
+    script = Path(sys.executable).parent / "ckptfs"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTFS_")}
+    proc = subprocess.run([str(script), *args], capture_output=True, text=True, timeout=60,
+                          env={**env, "COLUMNS": "250"}, preexec_fn=_drop_dac)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def _saver_file(path: Path) -> Path:
+    with SqliteSaver.from_conn_string(str(path)) as saver:
+        fill(saver)
+    return path
+
+
+def _same_threads(src: Path, url: str) -> None:
+    with SqliteSaver.from_conn_string(str(src)) as source:
+        dest = CkptfsSaver(url)
+        for thread in ("waiting", "done", "twice"):
+            assert history(dest, thread) == history(source, thread) != [], thread
+        dest.close()
+
+
+@pytest.mark.parametrize("name", ["my#1.sqlite", "a?b.sqlite", "50%41.sqlite"])
+def test_a_file_name_with_uri_characters_imports_that_file(tmp_path: Path, name: str) -> None:
+    """The name went into SQLite's URI unescaped: for my#1.sqlite SQLite opened "my" (creating
+    it, read-write: '#' ended the name and dropped mode=ro) and the import said "not a SqliteSaver
+    database", exit 2; for a?b.sqlite the same with "a"; 50%41.sqlite was exit 3 (unexpected
+    OperationalError: '%41' decoded to 'A', no such file)."""
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    src = _saver_file(src_dir / name)
+    store = tmp_path / "store"
+    code, doc, err = cli_json("import-langgraph", str(src), str(store))
+    assert code == 0 and doc["ok"] and doc["threads"] == 3, (doc, err)
+    assert sorted(p.name for p in src_dir.iterdir() if not p.name.startswith(name)) == []  # no "my"
+    assert cli("verify", str(store))[0] == 0
+    _same_threads(src, str(store))
+
+
+def test_a_file_this_user_may_not_read_is_a_usage_error(tmp_path: Path) -> None:
+    """sqlite3.connect raised outside the error handling: exit 3, 'unexpected OperationalError:
+    unable to open database file'. Now exit 2 naming the file."""
+    src = _saver_file(tmp_path / "locked.sqlite")
+    src.chmod(0)
+    store = tmp_path / "store"
+    code, out, err = _cli_bound("import-langgraph", str(src), str(store))
+    assert code == 2, (out, err)
+    assert f"error: cannot open {src}: unable to open database file" in err and "unexpected" not in err
+    assert not store.exists()
