@@ -1,5 +1,6 @@
 """`ckptfs import-langgraph` from sources a hostile review found mishandled, run as the real
-executable: a SQLite file whose name holds '#', '?' or '%', and one this user may not read.
+executable: a SQLite file whose name holds '#', '?' or '%', one this user may not read, and one
+in a directory this user may not write (a read-only mount).
 
 Permission bits are made real even when the tests run as root: the child drops
 CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and CAP_FOWNER from its bounding set before exec (as in
@@ -85,3 +86,24 @@ def test_a_file_this_user_may_not_read_is_a_usage_error(tmp_path: Path) -> None:
     assert code == 2, (out, err)
     assert f"error: cannot open {src}: unable to open database file" in err and "unexpected" not in err
     assert not store.exists()
+
+
+def test_a_file_in_a_read_only_directory_imports(tmp_path: Path) -> None:
+    """A SqliteSaver file is in WAL mode, and a read-only reader of one creates its -shm index
+    beside it: on a read-only directory (a mounted backup) every import failed with exit 2,
+    'cannot read ...: attempt to write a readonly database'. Now the file is read as immutable
+    (there is no WAL content to index) and nothing is created beside it."""
+    src_dir = tmp_path / "backup"
+    src_dir.mkdir()
+    src = _saver_file(src_dir / "agent.sqlite")
+    assert [p.name for p in src_dir.iterdir()] == ["agent.sqlite"]  # closed cleanly: no -wal
+    src_dir.chmod(0o555)
+    store = tmp_path / "store"
+    try:
+        code, out, err = _cli_bound("import-langgraph", str(src), str(store))
+        assert code == 0 and "imported: 3 thread(s)" in out, (out, err)
+        assert [p.name for p in src_dir.iterdir()] == ["agent.sqlite"]
+    finally:
+        src_dir.chmod(0o755)
+    assert cli("verify", str(store))[0] == 0
+    _same_threads(src, str(store))

@@ -53,6 +53,7 @@ logger = logging.getLogger(__name__)
 
 Row = tuple[str, str, int, str, str, bytes]  # task id, task path, idx, channel, serde type, bytes
 SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+SQLITE_READONLY_DIRECTORY = 1544  # sqlite3.h: SQLITE_READONLY | (6 << 8)
 
 
 @dataclass
@@ -111,7 +112,14 @@ class SqliteSource(Source):
         except sqlite3.Error as exc:  # a file this user may not read: bad input, not a crash
             raise ConfigError(f"cannot open {path}: {exc}") from None
         try:
-            tables = {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            try:
+                tables = _table_names(self.conn)
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode != SQLITE_READONLY_DIRECTORY:
+                    raise
+                self.conn.close()
+                self.conn = _open_immutable(path, uri)
+                tables = _table_names(self.conn)
         except sqlite3.DatabaseError as exc:
             # connect() reads nothing: a file of other bytes fails here ("file is not a database"),
             # and is a SOURCE that is not a saver's like any other (exit 2), not a crash
@@ -138,6 +146,22 @@ class SqliteSource(Source):
 
     def close(self) -> None:
         self.conn.close()
+
+
+def _table_names(conn: sqlite3.Connection) -> set[str]:
+    return {str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def _open_immutable(path: str, uri: str) -> sqlite3.Connection:
+    """A WAL-mode file (every SqliteSaver's) in a directory this user may not write: a read-only
+    mount, a backup. A reader of such a file creates its -shm index beside it, which fails there
+    (SQLITE_READONLY_DIRECTORY). With no WAL content to index the file alone is the database,
+    read as immutable: nobody can be writing it there, since a writer needs its -wal file."""
+    wal = Path(f"{Path(path).resolve()}-wal")
+    if wal.exists() and wal.stat().st_size:
+        raise ConfigError(f"cannot read {path}: its directory is read-only and {wal.name} holds "
+                          "changes SQLite must index beside it; copy both files to a writable directory")
+    return sqlite3.connect(f"{uri}&immutable=1", uri=True, check_same_thread=False)
 
 
 class PostgresSource(Source):
