@@ -107,3 +107,24 @@ def test_a_file_in_a_read_only_directory_imports(tmp_path: Path) -> None:
         src_dir.chmod(0o755)
     assert cli("verify", str(store))[0] == 0
     _same_threads(src, str(store))
+
+
+@pytest.mark.parametrize("dsn", [
+    "postgresql://u:hunter2@[::1/db",  # an unclosed IPv6 bracket
+    "postgresql://u:hunter2@127.0.0.1:1/db?foo=bar",  # a query parameter libpq does not know
+    "postgresql://u:hunter2@127.0.0.1:1/db?connect_timeout=abc",
+    "postgresql://%zz:hunter2@127.0.0.1:1/db",  # a bad percent escape
+])
+def test_a_dsn_libpq_refuses_is_a_usage_error_without_the_password(tmp_path: Path, dsn: str) -> None:
+    """libpq refuses these before connecting (psycopg.ProgrammingError), which was not caught:
+    exit 3 'unexpected ProgrammingError: invalid URI query parameter: "foo"' (a bug, by the exit
+    codes), and the unclosed bracket failed earlier still, in urlsplit (ValueError: Invalid IPv6
+    URL). Now exit 2 naming the DSN, password hidden, and libpq's reason."""
+    store = tmp_path / "store"
+    code, out, err = cli("import-langgraph", dsn, str(store))
+    assert code == 2, (out, err)
+    assert "is not a valid PostgreSQL DSN: " in err and "unexpected" not in err, err
+    assert "hunter2" not in out + err and "postgresql://***@" in err
+    code, doc, err = cli_json("import-langgraph", dsn, str(store))
+    assert code == 2 and doc["error"]["code"] == "config" and "hunter2" not in str(doc) + err
+    assert not store.exists()

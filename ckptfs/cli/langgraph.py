@@ -40,7 +40,10 @@ def register(sub: Any) -> None:
 
 
 def cmd_import_langgraph(args: argparse.Namespace) -> int:
-    password = urlsplit(args.source).password
+    try:
+        password = urlsplit(args.source).password
+    except ValueError:  # "Invalid IPv6 URL": libpq says what is wrong with it, below
+        password = None
     if password:
         SCRUBBER.add([password])
     try:

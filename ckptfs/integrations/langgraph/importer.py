@@ -176,6 +176,9 @@ class PostgresSource(Source):
             self.conn: Any = psycopg.connect(dsn, autocommit=True, prepare_threshold=0, row_factory=dict_row)
         except psycopg.OperationalError as exc:
             raise ConfigError(f"cannot connect to {redact_url(dsn)}: {str(exc).strip()}") from None
+        except psycopg.Error as exc:  # a DSN libpq refuses to parse (ProgrammingError); it quotes it
+            why = str(exc).strip().replace(dsn, redact_url(dsn))
+            raise ConfigError(f"{redact_url(dsn)} is not a valid PostgreSQL DSN: {why}") from None
         cols = {r["column_name"] for r in self.conn.execute(
             "SELECT column_name FROM information_schema.columns WHERE table_name = 'checkpoint_writes'")}
         if not cols:
