@@ -128,3 +128,17 @@ def test_a_dsn_libpq_refuses_is_a_usage_error_without_the_password(tmp_path: Pat
     code, doc, err = cli_json("import-langgraph", dsn, str(store))
     assert code == 2 and doc["error"]["code"] == "config" and "hunter2" not in str(doc) + err
     assert not store.exists()
+
+
+@pytest.mark.parametrize("dsn", ["host=127.0.0.1 port=1 password=hunter2 dbname=agents",
+                                 "host=127.0.0.1 password = 'hunter2 x' dbname=agents"])
+def test_a_keyword_dsn_is_refused_without_printing_its_password(tmp_path: Path, dsn: str) -> None:
+    """libpq's other spelling of a DSN, keyword=value: refused as a SOURCE this command does not
+    know (exit 2, right), but the message repeated it whole, password in clear: redact_url only
+    knows URLs, and no scrubber pattern knew `password=`."""
+    store = tmp_path / "store"
+    code, out, err = cli("import-langgraph", dsn, str(store))
+    assert code == 2 and "not a source this command knows" in err, (out, err)
+    assert "hunter2" not in out + err and "password=***" in err.replace(" = ", "=")
+    code, doc, err = cli_json("import-langgraph", dsn, str(store))
+    assert code == 2 and "hunter2" not in str(doc) + err

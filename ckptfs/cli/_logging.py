@@ -38,6 +38,8 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
                 r"[^'\"\s,&}]+"), r"\1***"),
     (re.compile(r"((?:aws_secret_access_key|aws_session_token|aws_access_key_id|secret_key|access_key)"
                 r"['\"]?\s*[:=]\s*['\"]?)[^'\"\s,}]+", re.I), r"\1***"),
+    # a libpq keyword/value connection string ("host=db password=s3cret"), quoted value too
+    (re.compile(r"(\bpassword\s*=\s*)(?:'(?:[^'\\]|\\.)*'|[^\s'\",}&]+)", re.I), r"\1***"),
 )
 # Any URL in a line (an argparse "invalid choice: 's3://...'" too) is shown as redact_url shows
 # it, the one rule for credentials in a URL: user:secret@ whatever the secret holds ('/', '@'),
