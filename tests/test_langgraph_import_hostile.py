@@ -1,6 +1,7 @@
 """`ckptfs import-langgraph` from sources a hostile review found mishandled, run as the real
-executable: a SQLite file whose name holds '#', '?' or '%', one this user may not read, and one
-in a directory this user may not write (a read-only mount).
+executable: a SQLite file whose name holds '#', '?' or '%', one this user may not read, one in a
+directory this user may not write (a read-only mount), PostgreSQL DSNs libpq refuses or that
+carry a password, and sources whose rows cannot be read back.
 
 Permission bits are made real even when the tests run as root: the child drops
 CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and CAP_FOWNER from its bounding set before exec (as in
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
 from test_cli_commands import cli, cli_json
-from test_langgraph_import import fill, history
+from test_langgraph_import import START_STATE, build, fill, history
 
 from ckptfs.integrations.langgraph import CkptfsSaver
 
@@ -142,3 +143,53 @@ def test_a_keyword_dsn_is_refused_without_printing_its_password(tmp_path: Path, 
     assert "hunter2" not in out + err and "password=***" in err.replace(" = ", "=")
     code, doc, err = cli_json("import-langgraph", dsn, str(store))
     assert code == 2 and "hunter2" not in str(doc) + err
+
+
+def test_a_thread_the_source_cannot_read_fails_that_thread_only(tmp_path: Path) -> None:
+    """One checkpoint of one thread whose bytes the source's serializer refuses stopped the whole
+    import: exit 3, 'unexpected ValueError: invalid type Reserved', and every thread sorting after
+    it was never copied, by this run or any rerun. Now it is that thread's failure (exit 1, named
+    with the reason, nothing of it written) and the others are imported."""
+    src = tmp_path / "src.sqlite"
+    with SqliteSaver.from_conn_string(str(src)) as saver:
+        fill(saver)
+        ids = [r[0] for r in saver.conn.execute(
+            "SELECT checkpoint_id FROM checkpoints WHERE thread_id = 'done' ORDER BY checkpoint_id")]
+        saver.conn.execute("INSERT INTO checkpoints SELECT 'bad', checkpoint_ns, checkpoint_id, "
+                           "parent_checkpoint_id, type, checkpoint, metadata FROM checkpoints "
+                           "WHERE thread_id = 'done'")
+        saver.conn.execute("UPDATE checkpoints SET checkpoint = ? WHERE thread_id = 'bad' AND "
+                           "checkpoint_id = ?", (b"\xc1\xc1 not msgpack", ids[len(ids) // 2]))
+        saver.conn.commit()
+    store = tmp_path / "store"
+    code, doc, err = cli_json("import-langgraph", str(src), str(store))
+    assert code == 1, (doc, err)
+    assert doc["threads"] == 4 and list(doc["failed"]) == ["bad"], doc
+    assert "cannot be read from" in doc["failed"]["bad"] and "ValueError" in doc["failed"]["bad"]
+    code, out, err = cli("import-langgraph", str(src), str(store))  # a rerun: same answer
+    assert code == 1 and "thread 'bad' not imported: " in err and "unexpected" not in err, (out, err)
+    assert "incomplete: 4 thread(s)" in out and "0 checkpoint(s) copied" in out
+    threads = cli_json("threads", str(store))[1]["threads"]
+    assert sorted({r["thread_id"] for r in threads}) == ["done", "twice", "waiting"]  # none of 'bad'
+    assert cli("verify", str(store))[0] == 0
+    _same_threads(src, str(store))
+
+
+def test_a_damaged_page_of_the_source_never_crashes_the_import(tmp_path: Path) -> None:
+    """A run of bytes overwritten in the middle of a SqliteSaver file: 'database disk image is
+    malformed' was exit 3 at the first thread it hit, the rest never copied. Now a thread whose
+    rows are damaged is that thread's failure, and a thread list that cannot be read is exit 2."""
+    src = tmp_path / "src.sqlite"
+    with SqliteSaver.from_conn_string(str(src)) as saver:
+        graph = build(saver)
+        for i in range(30):
+            graph.invoke(START_STATE, {"configurable": {"thread_id": f"t{i:02}"}})
+    data = bytearray(src.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 3000] = b"\xff" * 3000
+    src.write_bytes(bytes(data))
+    store = tmp_path / "store"
+    code, out, err = cli("import-langgraph", str(src), str(store))
+    assert code in (1, 2) and "unexpected" not in err, (code, out, err)
+    assert "malformed" in err
+    if code == 1:
+        assert "incomplete: 30 thread(s)" in out and cli("verify", str(store))[0] == 0

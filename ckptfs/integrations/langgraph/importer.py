@@ -18,7 +18,8 @@ left it (an interrupt waits on its resume, time travel finds the old checkpoints
   it also stores again the name of a long thread (`langgraph/names/`) that the store lost.
 * Each thread is written under its lease (one writer per thread) and given back at once.
 * A thread that cannot be copied (another process writes it in the store; an id the saver
-  refuses, e.g. over its length limit) is reported in `ImportReport.failed` with the reason,
+  refuses, e.g. over its length limit; a row of it the source cannot read back, or a damaged
+  page of its file) is reported in `ImportReport.failed` with the reason,
   and the others are copied: one bad thread does not stop an import of thousands.
 """
 
@@ -36,7 +37,7 @@ from urllib.parse import quote
 
 from langgraph.checkpoint.base import WRITES_IDX_MAP, BaseCheckpointSaver, CheckpointTuple
 
-from ckptfs.errors import ConfigError, InvalidIdError
+from ckptfs.errors import CkptfsError, ConfigError, InvalidIdError
 from ckptfs.integrations.langgraph.keys import (
     lg_checkpoint_key,
     lg_hashed,
@@ -45,7 +46,7 @@ from ckptfs.integrations.langgraph.keys import (
     lg_write_slot,
     lg_writes_prefix,
 )
-from ckptfs.integrations.langgraph.ownership import ThreadBusyError
+from ckptfs.integrations.langgraph.ownership import ThreadBusyError, shown
 from ckptfs.integrations.langgraph.saver import CkptfsSaver
 from ckptfs.storage.redact import redact_url
 
@@ -75,6 +76,10 @@ class ImportReport:
         return {"source": self.source, "ok": self.ok, "threads": self.threads,
                 "checkpoints": self.checkpoints, "skipped": self.skipped, "writes": self.writes,
                 "failed": dict(self.failed)}
+
+
+class UnreadableThreadError(CkptfsError):
+    """A thread of the source that cannot be read (a row its serializer refuses, a damaged page)."""
 
 
 class Source:
@@ -134,8 +139,11 @@ class SqliteSource(Source):
         super().__init__(SqliteSaver(self.conn), path)
 
     def thread_ids(self) -> list[str]:
-        return [str(r[0]) for r in self.conn.execute(
-            "SELECT DISTINCT thread_id FROM checkpoints ORDER BY thread_id")]
+        try:
+            return [str(r[0]) for r in self.conn.execute(
+                "SELECT DISTINCT thread_id FROM checkpoints ORDER BY thread_id")]
+        except sqlite3.DatabaseError as exc:  # a damaged page: which threads there are is unknown
+            raise ConfigError(f"cannot list the threads of {self.display}: {exc}") from None
 
     def rows(self, thread_id: str, ns: str, checkpoint_id: str) -> list[Row] | None:
         path = "task_path" if self.has_path else "''"
@@ -234,10 +242,11 @@ def import_threads(source: Source, dest: CkptfsSaver, thread_ids: Sequence[str] 
         report.threads += 1
         try:
             _import_thread(source, dest, thread_id, report)
-        except (ThreadBusyError, InvalidIdError) as exc:
+        except (ThreadBusyError, InvalidIdError, UnreadableThreadError) as exc:
             # A thread the store cannot take now (another process writes it) or ever (an id
-            # over the saver's length limit): that thread fails, the others are still copied.
-            # The id is checked before its first write, so nothing of it is half-imported.
+            # over the saver's length limit), or the source cannot give (a damaged row or
+            # page): that thread fails, the others are still copied. The id is checked, and
+            # the source read, before its first write, so nothing of it is half-imported.
             report.failed[thread_id] = str(exc)
             logger.warning("%s", exc)
         finally:
@@ -256,8 +265,22 @@ def _by_namespace(tuples: Iterator[CheckpointTuple]) -> dict[str, list[Checkpoin
     return spaces
 
 
+def _read_thread(source: Source, thread_id: str) -> tuple[dict[str, list[CheckpointTuple]],
+                                                           dict[tuple[str, str], list[Row] | None]]:
+    """Everything of the thread the source holds, read before anything of it is written."""
+    try:
+        spaces = _by_namespace(source.saver.list({"configurable": {"thread_id": thread_id}}))
+        rows = {(ns, cid): source.rows(thread_id, ns, cid) for ns, tuples in spaces.items()
+                for cid in (str(t.config["configurable"]["checkpoint_id"]) for t in tuples)}
+    except Exception as exc:  # the source's bytes, through its serializer and its database
+        raise UnreadableThreadError(f"LangGraph thread {shown(thread_id)} cannot be read from "
+                                    f"{source.display}: {type(exc).__name__}: "
+                                    f"{str(exc).strip() or 'no detail'}") from exc
+    return spaces, rows
+
+
 def _import_thread(source: Source, dest: CkptfsSaver, thread_id: str, report: ImportReport) -> None:
-    spaces = _by_namespace(source.saver.list({"configurable": {"thread_id": thread_id}}))
+    spaces, rows = _read_thread(source, thread_id)
     if spaces and lg_hashed(lg_thread_segment(thread_id)):
         dest.name_thread(thread_id)  # a rerun that copies nothing still puts back a lost name
     for ns, tuples in sorted(spaces.items()):
@@ -266,7 +289,7 @@ def _import_thread(source: Source, dest: CkptfsSaver, thread_id: str, report: Im
         for tup in tuples:
             cid = str(tup.config["configurable"]["checkpoint_id"])
             cfg: Any = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": cid}}
-            report.writes += _copy_writes(source, dest, tup, cfg, present)
+            report.writes += _copy_writes(rows[(ns, cid)], dest, tup, cfg, present)
             versions[cid] = dict(tup.checkpoint.get("channel_versions") or {})
             if dest.storage.exists(lg_checkpoint_key(thread_id, ns, cid)):
                 report.skipped += 1
@@ -281,11 +304,10 @@ def _import_thread(source: Source, dest: CkptfsSaver, thread_id: str, report: Im
             report.checkpoints += 1
 
 
-def _copy_writes(source: Source, dest: CkptfsSaver, tup: CheckpointTuple, cfg: Any,
+def _copy_writes(rows: list[Row] | None, dest: CkptfsSaver, tup: CheckpointTuple, cfg: Any,
                  present: set[str]) -> int:
     """The checkpoint's pending-write objects the store lacks, written before the checkpoint."""
     conf = cfg["configurable"]
-    rows = source.rows(conf["thread_id"], conf["checkpoint_ns"], conf["checkpoint_id"])
     if rows is None:  # a generic saver: its pending_writes, idx by position within each task
         rows = []
         position: defaultdict[str, int] = defaultdict(int)
