@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 from langgraph.checkpoint.base.id import uuid6
+from langgraph.graph import START, StateGraph
+from test_cli_commands import cli, cli_json
 
 from backends.s3.embedded import EmbeddedS3
 from ckptfs import AgentRun, CheckpointStore, Step
 from ckptfs.cli import main
+from ckptfs.errors import ConfigError
 from ckptfs.integrations.langgraph import CkptfsSaver
 from ckptfs.maintenance.verify import verify
 from ckptfs.replication.mirror import mirror
@@ -188,3 +191,39 @@ def test_thread_leases_stay_behind_so_a_restored_thread_is_writable_at_once(tmp_
     assert _history(dst, "t1")[0][1][-1] == "after restore"
     saver.close()
     after.close()
+
+
+def test_a_saver_on_the_mirror_itself_refuses_the_threads_it_cannot_read(
+        tmp_path: Path, s3: EmbeddedS3, s3_url: str) -> None:
+    """A mirror of a local store holds each namespace as its log (one object): `ckptfs threads`
+    on the mirror listed the thread with its 5 checkpoints, but CkptfsSaver(mirror) answered None
+    for it, so a graph invoked there started the thread afresh beside its history, and the next
+    mirror pass deleted that acknowledged checkpoint ('deleted': 2). Now the saver raises
+    ConfigError naming the log and the way out (restore), and writes nothing; so does a local
+    store written with the log opened with log=False."""
+    src = str(tmp_path / "machine-a")
+    saver = CkptfsSaver(src)
+    _put_chain(saver, "t1", 5)
+    saver.close()
+    to = ["--to-option", f"client_kwargs.endpoint_url={s3.endpoint}"]
+    assert cli("mirror", src, s3_url, "--once", *to)[0] == 0
+    code, doc, err = cli_json("threads", s3_url, "-o", f"client_kwargs.endpoint_url={s3.endpoint}")
+    assert code == 0 and [(r["thread_id"], r["checkpoints"]) for r in doc["threads"]] == [("t1", 5)], err
+
+    class State(TypedDict):
+        n: int
+
+    builder = StateGraph(State)
+    builder.add_node("inc", lambda state: {"n": state["n"] + 1})
+    builder.add_edge(START, "inc")
+    on_mirror = CkptfsSaver(s3_url, s3.storage_options)
+    with pytest.raises(ConfigError, match=r"holds LangGraph thread 't1' as a record log .*ckptfs restore"):
+        builder.compile(checkpointer=on_mirror).invoke({"n": 0}, {"configurable": {"thread_id": "t1"}})
+    with pytest.raises(ConfigError, match="record log"):
+        on_mirror.get_tuple({"configurable": {"thread_id": "t1", "checkpoint_id": str(uuid6())}})
+    assert on_mirror.get_tuple({"configurable": {"thread_id": "new"}}) is None  # a new thread is new
+    on_mirror.close()
+    code, doc, err = cli_json("mirror", src, s3_url, "--once", *to)
+    assert code == 0 and _entry(doc)["deleted"] == 0 and _entry(doc)["copied"] == 0, (doc, err)
+    with pytest.raises(ConfigError, match="log=True"):
+        CkptfsSaver(src, log=False).get_tuple({"configurable": {"thread_id": "t1"}})

@@ -85,6 +85,7 @@ from ckptfs.integrations.langgraph.ownership import (
     ThreadBusyError,
     ThreadLeases,
     leases_for,
+    shown,
 )
 from ckptfs.integrations.langgraph.plans import PLAN_BODY, ReadPlans, checkpoint_keys
 from ckptfs.integrations.langgraph.pruning import (
@@ -98,7 +99,7 @@ from ckptfs.integrations.langgraph.pruning import (
 from ckptfs.integrations.langgraph.versions import kind_of, next_version, remember_kind
 from ckptfs.storage.base import Storage
 from ckptfs.storage.local import LocalStorage
-from ckptfs.storage.logstore import Damage, LogStorage
+from ckptfs.storage.logstore import LOG_NAME, Damage, LogStorage
 from ckptfs.storage.registry import open_storage
 
 logger = logging.getLogger(__name__)
@@ -512,6 +513,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 except FileNotFoundError:
                     continue
                 if found is None:
+                    self._refuse_log_layout(thread_id, prefix)
                     return None
                 loaded, wkeys_r, listing, pre = found
                 return self._tuple(thread_id, loaded, wkeys_r, listing=listing, pre=pre)
@@ -521,10 +523,23 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             except FileNotFoundError:
                 # absent, or lost to a damaged record written after an older checkpoint's?
                 self._refuse_doubt(prefix, operator.lt, key)
+                self._refuse_log_layout(thread_id, prefix)
                 return None
             self._refuse_doubt(prefix, operator.eq, key)  # its pending writes
             return self._tuple(thread_id, *by_id)
         return None
+
+    def _refuse_log_layout(self, thread_id: str, prefix: str) -> None:
+        """A namespace this saver finds no checkpoint of, off a record log, whose log file is
+        there: a mirror's copy of a local store (`ckptfs mirror` copies each log as it is), or a
+        local store opened with log=False. Answering None would start the thread afresh beside
+        the history it holds, and the next mirror pass deletes what this saver writes there."""
+        if isinstance(self.storage, LogStorage) or not self.storage.exists(prefix + LOG_NAME):
+            return
+        raise ConfigError(f"{self.storage.display_url} holds LangGraph thread {shown(thread_id)} as a "
+                          f"record log ({prefix}{LOG_NAME}), which this saver does not read (off local "
+                          "disk, or log=False): a mirror's copy is restored first (ckptfs restore "
+                          "MIRROR DST, then CkptfsSaver(DST)); on local disk, open it with log=True")
 
     def _doubts(self, prefix: str) -> list[tuple[str, CorruptFileError]]:
         """(`_damage_point`, the error to raise) of each damaged record of the namespace's log,
