@@ -15,7 +15,7 @@ from test_cli_commands import cli, cli_json
 from backends.s3.embedded import EmbeddedS3
 from ckptfs import AgentRun, CheckpointStore, Step
 from ckptfs.cli import main
-from ckptfs.errors import ConfigError
+from ckptfs.errors import ConfigError, CorruptFileError
 from ckptfs.integrations.langgraph import CkptfsSaver
 from ckptfs.maintenance.verify import verify
 from ckptfs.replication.mirror import mirror
@@ -227,3 +227,42 @@ def test_a_saver_on_the_mirror_itself_refuses_the_threads_it_cannot_read(
     assert code == 0 and _entry(doc)["deleted"] == 0 and _entry(doc)["copied"] == 0, (doc, err)
     with pytest.raises(ConfigError, match="log=True"):
         CkptfsSaver(src, log=False).get_tuple({"configurable": {"thread_id": "t1"}})
+
+
+def test_a_damaged_log_is_not_restored_to_s3_as_an_older_state(tmp_path: Path, s3: EmbeddedS3,
+                                                                 s3_url: str) -> None:
+    """Restoring to S3 writes each log's live records out as objects, and a damaged record is
+    not live: with one byte of t1's newest checkpoint flipped, `ckptfs restore` said 'restored'
+    (exit 0), verify of the restored store was clean, and get_tuple there returned the
+    checkpoint before it as the newest, silently (on local disk the same log raises
+    CorruptFileError). Now that log is not written out: exit 1, 'incomplete', naming the log and
+    the byte; the other threads are restored."""
+    src = str(tmp_path / "machine-a")
+    saver = CkptfsSaver(src)
+    chain = _put_chain(saver, "t1", 6)
+    _put_chain(saver, "t2", 3)
+    saver.close()
+    log = Path(src) / "langgraph/threads/t1/_/.records"
+    data = bytearray(log.read_bytes())
+    data[-20] ^= 0xFF  # inside the last record: t1's newest checkpoint
+    log.write_bytes(bytes(data))
+    with pytest.raises(CorruptFileError):
+        CkptfsSaver(src).get_tuple({"configurable": {"thread_id": "t1"}})
+    to = ["--to-option", f"client_kwargs.endpoint_url={s3.endpoint}"]
+    assert cli("mirror", src, s3_url, "--once", *to)[0] == 0
+    dst = s3.url(f"restored-{uuid6().hex[:8]}")
+    code, doc, err = cli_json("restore", s3_url, dst, "--from-option",
+                              f"client_kwargs.endpoint_url={s3.endpoint}", *to)
+    assert code == 1 and not doc["ok"], (doc, err)
+    entry = _entry(doc)
+    assert entry["status"] == "incomplete" and entry["missing"] == ["langgraph/threads/t1/_/.records"]
+    assert "damaged record(s) at byte" in entry["error"] and "restore to local disk" in entry["error"]
+    restored = CkptfsSaver(dst, s3.storage_options)
+    assert restored.get_tuple({"configurable": {"thread_id": "t1"}}) is None  # not the older state
+    assert restored.get_tuple(chain[-2][0]) is None  # none of t1's objects were written
+
+    def t2(saver: CkptfsSaver) -> list[Any]:
+        return [t.checkpoint["channel_values"]["messages"]
+                for t in saver.list({"configurable": {"thread_id": "t2"}})]
+
+    assert t2(restored) == t2(CkptfsSaver(src)) != []

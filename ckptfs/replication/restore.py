@@ -114,7 +114,19 @@ def restore_langgraph(m: Mirror, keys: list[str], prog: Progress) -> RunResult:
                 logs.put(key, data)
                 view = LogStorage(logs, namespace_plugin(LANGGRAPH_ENTRY).group_of)
                 group = key[: -len(LOG_NAME)]
-                items.extend((k, view.get(k)) for k in view.list(group))
+                damage = view.damage(group)
+                if damage:
+                    # its intact records alone would be a wrong state: an older checkpoint
+                    # served as the newest, a pending write gone, and nothing would say so
+                    res.status = "incomplete"
+                    res.missing.append(key)
+                    where = ", ".join(str(d.offset) for d in damage)
+                    res.error = res.error or (
+                        f"{key}: damaged record(s) at byte {where}; not written out as objects (an "
+                        "older state would read as the newest): restore to local disk to keep the "
+                        "log as it is, and see `ckptfs verify`")
+                else:
+                    items.extend((k, view.get(k)) for k in view.list(group))
                 view.close()
             else:
                 items.append((key, data))
