@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from langgraph.checkpoint.base.id import uuid6
+from test_cli_commands import cli, cli_json
 
 from ckptfs.cli import main as cli_main
 from ckptfs.errors import CorruptFileError, UnreadableFileError
@@ -220,3 +221,27 @@ def test_listing_every_thread_skips_a_linked_or_fifo_log_with_a_warning(
             list(saver.list({"configurable": {"thread_id": thread}}))
         with pytest.raises(UnreadableFileError):
             saver.get_tuple({"configurable": {"thread_id": thread}})
+
+
+@pytest.mark.parametrize("hit", ["value", "key"])
+def test_threads_and_show_name_a_damaged_log_and_exit_1(store: tuple[Path, list[Any]], hit: str) -> None:
+    """`ckptfs threads` and `ckptfs show --thread` read the log without its damaged records:
+    with the newest checkpoint's record damaged they showed 29 checkpoints, the one before as
+    the newest, exit 0, the damage only in two logger lines naming a temporary copy of the log.
+    Now a warning names the store's log and the byte, --json carries `damaged_records`, exit 1."""
+    root = store[0]
+    offset = _records(root)[-2][0]
+    code, doc, err = cli_json("threads", str(root))
+    assert code == 0 and doc["threads"][0].get("damaged_records", []) == [], err  # undamaged
+    _flip(root, offset + HITS[hit])
+    code, doc, err = cli_json("threads", str(root))
+    assert code == 1, (doc, err)
+    row = doc["threads"][0]
+    assert row["checkpoints"] == STEPS - 1 and row["damaged_records"] == [offset]
+    assert f"warning: {LOG}: damaged record(s) at byte {offset}" in err
+    assert "may not be the newest written" in err
+    code, out, err = cli("threads", str(root))
+    assert code == 1 and f"{LOG}: damaged record(s) at byte {offset}" in err, (out, err)
+    code, doc, err = cli_json("show", str(root), "--thread", "T")
+    assert code == 1 and doc["damaged_records"] == [{"checkpoint_ns": "", "offsets": [offset]}], err
+    assert len(doc["checkpoints"]) == STEPS - 1

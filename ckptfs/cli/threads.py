@@ -6,7 +6,8 @@ langgraph/keys.py): `ckpt/<id>` per checkpoint, `held/<id>` for pruned ones stil
 log file (`.records`); those are read from a private copy, so that a listing never takes the
 log's lock, truncates a torn tail or creates a file in the store it inspects. Checkpoint times
 come from the ids (LangGraph's are uuid6, time-ordered); step and source from the metadata
-when it is plain JSON or msgpack.
+when it is plain JSON or msgpack. A log with damaged records is named (their checkpoints are not
+shown, the newest among them perhaps) and the command exits 1.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfs.cli._common import EXIT_OK, CliError, emit_json, out, warn
+from ckptfs.cli._common import EXIT_OK, EXIT_PROBLEMS, CliError, emit_json, out, warn
 from ckptfs.cli._render import Col, age, clip, print_table, timestamp
 from ckptfs.errors import CkptfsError, UnreadableFileError
 from ckptfs.storage.base import Storage
@@ -63,6 +64,7 @@ class Namespace:
     held: int = 0
     writes: dict[str, int] = field(default_factory=dict)  # checkpoint id -> writes
     reader: Storage | None = None
+    damaged: list[int] = field(default_factory=list)  # offsets of damaged records in its log
 
 
 @contextlib.contextmanager
@@ -97,6 +99,13 @@ def _namespaces(storage: Storage, thread_seg: str) -> Iterator[list[Namespace]]:
                 view = LogStorage(local, lg_group_of)  # type: ignore[arg-type]
                 gkeys = view.list(group)
                 reader = view
+                # a damaged record is left out of the listing: its checkpoint (perhaps the newest)
+                # is missing from what is shown, which must say so
+                ns.damaged = [d.offset for d in view.damage(group)]
+                if ns.damaged:
+                    warn(f"{group}{LOG_NAME}: damaged record(s) at byte "
+                         f"{', '.join(map(str, ns.damaged))}: what they held is not shown, and the "
+                         "newest checkpoint shown may not be the newest written (see `ckptfs verify`)")
             ns.reader = reader
             for k in gkeys:
                 rest = k[len(group):].split("/")
@@ -124,6 +133,7 @@ def list_threads(args: argparse.Namespace, storage: Storage) -> int:
     from ckptfs.integrations.langgraph.keys import lg_threads_prefix
 
     rows: list[dict[str, Any]] = []
+    damaged = False
     for seg in thread_ids(storage):
         name = thread_name(storage, seg)
         if name is None and not storage.list(f"{lg_threads_prefix()}{seg}/"):
@@ -134,23 +144,26 @@ def list_threads(args: argparse.Namespace, storage: Storage) -> int:
         with _namespaces(storage, seg) as namespaces:
             for ns in namespaces:
                 newest = max(ns.checkpoints, default=None)
+                damaged = damaged or bool(ns.damaged)
                 rows.append({"thread_id": name, "checkpoint_ns": ns.ns,
                              "checkpoints": len(ns.checkpoints), "held": ns.held,
                              "pending_writes": sum(ns.writes.values()), "newest": newest,
-                             "newest_time": checkpoint_time(newest) if newest else None})
+                             "newest_time": checkpoint_time(newest) if newest else None,
+                             "damaged_records": ns.damaged})
+    code = EXIT_PROBLEMS if damaged else EXIT_OK
     if args.json:
         emit_json({"url": storage.display_url, "threads": rows})
-        return EXIT_OK
+        return code
     console = out()
     if not rows:
         console.print(f"no LangGraph threads in {storage.display_url}")
-        return EXIT_OK
+        return code
     table = [[clip(r["thread_id"], 40), r["checkpoint_ns"] or "(root)", str(r["checkpoints"]),
               str(r["pending_writes"]), age(r["newest_time"]), r["newest"] or "-"] for r in rows]
     cols = [Col("thread"), Col("ns", 3), Col("ckpts", justify="right"), Col("writes", 2, justify="right"),
             Col("newest", 4), Col("newest checkpoint", flex=True, min_width=12)]
     print_table(console, cols, table, title=f"LangGraph threads in {storage.display_url}")
-    return EXIT_OK
+    return code
 
 
 def _metadata(obj: Any) -> dict[str, Any]:
@@ -180,9 +193,12 @@ def show_thread(args: argparse.Namespace, storage: Storage) -> int:
     if seg not in thread_ids(storage):
         raise CliError(f"thread {clip(args.thread)!r} not found in {storage.display_url}", kind="not-found")
     rows: list[dict[str, Any]] = []
+    damaged: list[dict[str, Any]] = []
     with _namespaces(storage, seg) as namespaces:
         for ns in namespaces:
             assert ns.reader is not None
+            if ns.damaged:
+                damaged.append({"checkpoint_ns": ns.ns, "offsets": ns.damaged})
             for cid in sorted(ns.checkpoints, reverse=True):
                 row: dict[str, Any] = {"checkpoint_ns": ns.ns, "checkpoint_id": cid,
                                        "time": checkpoint_time(cid), "pending_writes": ns.writes.get(cid, 0)}
@@ -197,9 +213,11 @@ def show_thread(args: argparse.Namespace, storage: Storage) -> int:
                            step=md.get("step"), source=md.get("source"),
                            channels_written=sorted(obj.parts), channels=sorted(obj.header.get("refs") or {}))
                 rows.append(row)
+    code = EXIT_PROBLEMS if damaged else EXIT_OK
     if args.json:
-        emit_json({"url": storage.display_url, "thread_id": args.thread, "checkpoints": rows})
-        return EXIT_OK
+        emit_json({"url": storage.display_url, "thread_id": args.thread, "checkpoints": rows,
+                   "damaged_records": damaged})
+        return code
     table = [[r["checkpoint_id"], r["checkpoint_ns"] or "(root)",
               "-" if r.get("step") is None else str(r["step"]), str(r.get("source") or "-"),
               timestamp(r["time"]), str(r["pending_writes"]),
@@ -207,4 +225,4 @@ def show_thread(args: argparse.Namespace, storage: Storage) -> int:
     cols = [Col("checkpoint"), Col("ns", 2), Col("step", justify="right"), Col("source", 3),
             Col("at", 4), Col("writes", 1, justify="right"), Col("channels written", flex=True)]
     print_table(out(), cols, table, title=f"thread {clip(args.thread)} in {storage.display_url}")
-    return EXIT_OK
+    return code
