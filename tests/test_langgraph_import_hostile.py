@@ -21,6 +21,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from test_cli_commands import cli, cli_json
 from test_langgraph_import import START_STATE, build, fill, history
 
+from ckptfs import AgentRun, CheckpointStore, Step
 from ckptfs.integrations.langgraph import CkptfsSaver
 
 _LIBC = ctypes.CDLL(None, use_errno=True)  # bound before any fork: preexec_fn only calls it
@@ -193,3 +194,34 @@ def test_a_damaged_page_of_the_source_never_crashes_the_import(tmp_path: Path) -
     assert "malformed" in err
     if code == 1:
         assert "incomplete: 30 thread(s)" in out and cli("verify", str(store))[0] == 0
+
+
+def test_paths_that_look_like_markup_are_printed_as_they_are(tmp_path: Path) -> None:
+    """Summary lines were printed as rich markup with the path or URL inside: a SOURCE or store
+    under a directory named 'x[' ('x[/y]' is a closing tag to rich) made import-langgraph exit 3,
+    'unexpected MarkupError', after every thread was imported; so did `runs` and `threads` on such a
+    store, and `forget` after deleting the run. '[red]' in a name was swallowed ('o[red]z' shown
+    as 'oz')."""
+    (tmp_path / "x[").mkdir()
+    src = _saver_file(tmp_path / "x[" / "y].sqlite")
+    store = tmp_path / "x[" / "store]"
+    code, out, err = cli("import-langgraph", str(src), str(store))
+    assert code == 0 and "unexpected" not in err, (out, err)
+    assert f"from {src}:" in " ".join(out.split()) and f"-> {store}" in " ".join(out.split())
+    code, out, err = cli("runs", str(store))
+    flat = " ".join(out.split())
+    assert code == 0 and f"no runs in {store}" in flat and f"ckptfs threads {store}" in flat, (out, err)
+    code, out, err = cli("import-langgraph", str(src), str(tmp_path / "o[red]z"))
+    assert code == 0 and f"-> {tmp_path / 'o[red]z'}" in " ".join(out.split()), (out, err)
+    empty = tmp_path / "e[" / "s]"
+    (empty / "langgraph" / "threads").mkdir(parents=True)
+    code, out, err = cli("threads", str(empty))
+    assert code == 0 and f"no LangGraph threads in {empty}" in " ".join(out.split()), (out, err)
+    runs = CheckpointStore(str(store))
+    run = AgentRun(run_id="r1", goal="beside the threads")
+    run.add_step(Step(id="a", title="a"))
+    runs.save_run(run)
+    runs.close()
+    code, out, err = cli("forget", str(store), "r1")
+    assert f"deleted 1 file(s) of run r1 (1 version(s)) in {store}" in " ".join(out.split()), (out, err)
+    assert code == 0

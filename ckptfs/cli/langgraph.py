@@ -47,6 +47,8 @@ def cmd_import_langgraph(args: argparse.Namespace) -> int:
         password = None
     if password:
         SCRUBBER.add([password])
+    from rich.markup import escape
+
     try:
         from ckptfs.integrations.langgraph import CkptfsSaver
         from ckptfs.integrations.langgraph.importer import import_threads, open_source
@@ -85,7 +87,7 @@ def cmd_import_langgraph(args: argparse.Namespace) -> int:
         for thread_id, why in sorted(report.failed.items()):
             warn(f"thread {clip(thread_id)!r} not imported: {why}")
         out().print(f"{'[green]imported[/green]' if report.ok else '[red]incomplete[/red]'}: "
-                    f"{report.threads} thread(s) from {report.source}: {report.checkpoints} checkpoint(s) "
-                    f"copied, {report.skipped} already there, {report.writes} pending-write object(s) "
-                    f"-> {target.describe()}")
+                    f"{report.threads} thread(s) from {escape(report.source)}: {report.checkpoints} "
+                    f"checkpoint(s) copied, {report.skipped} already there, {report.writes} "
+                    f"pending-write object(s) -> {escape(target.describe())}")
     return EXIT_OK if report.ok else EXIT_PROBLEMS

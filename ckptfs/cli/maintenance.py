@@ -215,7 +215,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
             console.print(f"  {verb} {key}", markup=False, soft_wrap=True)
     console.print(f"{verb} {len(report.deleted)} file(s) of run {args.run_id} ({report.versions} "
                   f"version(s)) in {storage.display_url}; its artifacts stay until `ckptfs prune` "
-                  "finds them unreferenced")
+                  "finds them unreferenced", markup=False)
     for key, why in report.kept:
         warn(f"kept {key}: {why}; not ckptfs's, so never deleted (move it away by hand)")
     for e in report.errors:

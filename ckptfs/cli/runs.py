@@ -154,9 +154,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if rows:
         print_table(console, cols, table, title=f"runs in {store.url}")
     else:
-        console.print(f"no runs in {store.url}")
+        console.print(f"no runs in {store.url}", markup=False)
     if threads:
-        console.print(f"and {threads} LangGraph thread(s) under langgraph/: ckptfs threads {store.url}")
+        console.print(f"and {threads} LangGraph thread(s) under langgraph/: ckptfs threads {store.url}",
+                      markup=False)
     return code
 
 

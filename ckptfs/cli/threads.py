@@ -156,7 +156,7 @@ def list_threads(args: argparse.Namespace, storage: Storage) -> int:
         return code
     console = out()
     if not rows:
-        console.print(f"no LangGraph threads in {storage.display_url}")
+        console.print(f"no LangGraph threads in {storage.display_url}", markup=False)
         return code
     table = [[clip(r["thread_id"], 40), r["checkpoint_ns"] or "(root)", str(r["checkpoints"]),
               str(r["pending_writes"]), age(r["newest_time"]), r["newest"] or "-"] for r in rows]
