@@ -225,3 +225,11 @@ def test_paths_that_look_like_markup_are_printed_as_they_are(tmp_path: Path) -> 
     code, out, err = cli("forget", str(store), "r1")
     assert f"deleted 1 file(s) of run r1 (1 version(s)) in {store}" in " ".join(out.split()), (out, err)
     assert code == 0
+
+
+def test_a_memory_store_is_refused_as_the_destination(tmp_path: Path) -> None:
+    """`import-langgraph SRC memory://x` said 'imported: 3 thread(s) ... -> memory://x', exit 0,
+    and kept nothing: a memory store ends with the process. Now exit 2 before the source is read."""
+    src = _saver_file(tmp_path / "src.sqlite")
+    code, out, err = cli("import-langgraph", str(src), "memory://x")
+    assert code == 2 and "memory://x is this process's memory" in err and "imported" not in out, (out, err)

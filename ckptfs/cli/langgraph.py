@@ -57,6 +57,9 @@ def cmd_import_langgraph(args: argparse.Namespace) -> int:
     target = store_target(args)
     if not target.url:
         raise CliError("no store URL: give URL, --config with store.url, or $CKPTFS_URL")
+    if target.url.startswith("memory://"):  # it would say "imported" and keep nothing
+        raise CliError(f"{target.describe()} is this process's memory: what import-langgraph copies "
+                       "there is gone when it exits; give a directory or an s3:// URL")
     try:
         source = open_source(args.source)
     except ImportError as exc:
