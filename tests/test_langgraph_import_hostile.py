@@ -233,3 +233,26 @@ def test_a_memory_store_is_refused_as_the_destination(tmp_path: Path) -> None:
     src = _saver_file(tmp_path / "src.sqlite")
     code, out, err = cli("import-langgraph", str(src), "memory://x")
     assert code == 2 and "memory://x is this process's memory" in err and "imported" not in out, (out, err)
+
+
+def test_another_history_under_the_same_thread_id_is_not_merged(tmp_path: Path) -> None:
+    """Two services' SqliteSaver files, each with its own thread 'waiting', imported into one
+    store: the second import said 'imported', exit 0, and the store's 'waiting' held both
+    histories interleaved by id; get_tuple served whichever was newer, the other service's state
+    buried. Now a thread whose checkpoints in the store are none of the source's is that thread's
+    failure (exit 1, nothing of it written); a rerun of the first source still converges."""
+    first = _saver_file(tmp_path / "a.sqlite")
+    second = _saver_file(tmp_path / "b.sqlite")  # the same thread ids, other checkpoints
+    store = tmp_path / "store"
+    assert cli("import-langgraph", str(first), str(store))[0] == 0
+    before = CkptfsSaver(str(store)).get_tuple({"configurable": {"thread_id": "waiting"}})
+    code, doc, err = cli_json("import-langgraph", str(second), str(store))
+    assert code == 1 and sorted(doc["failed"]) == ["done", "twice", "waiting"], (doc, err)
+    assert "already holds another history" in doc["failed"]["waiting"] and doc["checkpoints"] == 0
+    assert doc["writes"] == 0
+    after = CkptfsSaver(str(store)).get_tuple({"configurable": {"thread_id": "waiting"}})
+    assert before is not None and after is not None and after.config == before.config
+    code, doc, err = cli_json("import-langgraph", str(first), str(store))  # the same source again
+    assert code == 0 and doc["checkpoints"] == 0 and doc["failed"] == {}, (doc, err)
+    assert cli("verify", str(store))[0] == 0
+    _same_threads(first, str(store))

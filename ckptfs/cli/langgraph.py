@@ -8,7 +8,8 @@ addresses it. Rerunnable: what is already in the store is skipped. Needs the lan
 
 Exit codes: 0 every thread copied; 1 some thread could not be (another process writes it in
 the store: `ThreadBusyError`; an id over the saver's limits: `InvalidIdError`; a row the source
-cannot read back: `UnreadableThreadError`), each named with its reason, the others copied;
+cannot read back: `UnreadableThreadError`; another history under its id in the store:
+`ForeignThreadError`), each named with its reason, the others copied;
 2 usage error, a SOURCE that is not a saver's, an unreachable store.
 """
 

@@ -19,7 +19,8 @@ left it (an interrupt waits on its resume, time travel finds the old checkpoints
 * Each thread is written under its lease (one writer per thread) and given back at once.
 * A thread that cannot be copied (another process writes it in the store; an id the saver
   refuses, e.g. over its length limit; a row of it the source cannot read back, or a damaged
-  page of its file) is reported in `ImportReport.failed` with the reason,
+  page of its file; another history under its id in the store, none of whose checkpoints is the
+  source's, which the import would merge with it) is reported in `ImportReport.failed` with the reason,
   and the others are copied: one bad thread does not stop an import of thousands.
 """
 
@@ -41,12 +42,14 @@ from ckptfs.errors import CkptfsError, ConfigError, InvalidIdError
 from ckptfs.integrations.langgraph.keys import (
     lg_checkpoint_key,
     lg_hashed,
+    lg_ns_prefix,
     lg_thread_segment,
     lg_write_key,
     lg_write_slot,
     lg_writes_prefix,
 )
 from ckptfs.integrations.langgraph.ownership import ThreadBusyError, shown
+from ckptfs.integrations.langgraph.plans import checkpoint_keys
 from ckptfs.integrations.langgraph.saver import CkptfsSaver
 from ckptfs.storage.redact import redact_url
 
@@ -80,6 +83,10 @@ class ImportReport:
 
 class UnreadableThreadError(CkptfsError):
     """A thread of the source that cannot be read (a row its serializer refuses, a damaged page)."""
+
+
+class ForeignThreadError(CkptfsError):
+    """The store holds another history under the thread's id: importing would merge the two."""
 
 
 class Source:
@@ -242,7 +249,7 @@ def import_threads(source: Source, dest: CkptfsSaver, thread_ids: Sequence[str] 
         report.threads += 1
         try:
             _import_thread(source, dest, thread_id, report)
-        except (ThreadBusyError, InvalidIdError, UnreadableThreadError) as exc:
+        except (ThreadBusyError, InvalidIdError, UnreadableThreadError, ForeignThreadError) as exc:
             # A thread the store cannot take now (another process writes it) or ever (an id
             # over the saver's length limit), or the source cannot give (a damaged row or
             # page): that thread fails, the others are still copied. The id is checked, and
@@ -279,8 +286,27 @@ def _read_thread(source: Source, thread_id: str) -> tuple[dict[str, list[Checkpo
     return spaces, rows
 
 
+def _refuse_foreign(dest: CkptfsSaver, thread_id: str, spaces: dict[str, list[CheckpointTuple]]) -> None:
+    """A namespace the store holds checkpoints of, none of them the source's: another thread
+    under the same id (two sources' "1"), whose history the import would merge with this one,
+    the newest of either then read as the thread's state. Checked before anything is written."""
+    for ns, tuples in sorted(spaces.items()):
+        theirs = {lg_checkpoint_key(thread_id, ns, str(t.config["configurable"]["checkpoint_id"]))
+                  for t in tuples}
+        held = checkpoint_keys(dest.storage.list(lg_ns_prefix(thread_id, ns) + "ckpt/"))
+        if held and theirs.isdisjoint(held):
+            where = f"namespace {ns!r}" if ns else "its root namespace"
+            raise ForeignThreadError(
+                f"the store already holds another history of LangGraph thread {shown(thread_id)}: "
+                f"{len(held)} checkpoint(s) in {where}, none of them this source's (another thread "
+                "under the same id, or this one's imported checkpoints all pruned since); importing "
+                "would merge the two histories (the newer of either read as the thread's state); "
+                "import into another store, or delete the thread there first")
+
+
 def _import_thread(source: Source, dest: CkptfsSaver, thread_id: str, report: ImportReport) -> None:
     spaces, rows = _read_thread(source, thread_id)
+    _refuse_foreign(dest, thread_id, spaces)
     if spaces and lg_hashed(lg_thread_segment(thread_id)):
         dest.name_thread(thread_id)  # a rerun that copies nothing still puts back a lost name
     for ns, tuples in sorted(spaces.items()):
