@@ -14,6 +14,7 @@ import ctypes
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -256,3 +257,43 @@ def test_another_history_under_the_same_thread_id_is_not_merged(tmp_path: Path) 
     assert code == 0 and doc["checkpoints"] == 0 and doc["failed"] == {}, (doc, err)
     assert cli("verify", str(store))[0] == 0
     _same_threads(first, str(store))
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 96 KiB tmpfs (root only): a filesystem that fills up midway through an import."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(mnt)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("needs root and mount to make a small filesystem")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_a_full_filesystem_is_one_line_exit_2_and_a_rerun_converges(tmp_path: Path, small_fs: Path) -> None:
+    """ENOSPC midway through an import was exit 3, 'unexpected OSError: [Errno 28] No space left on
+    device', an internal error by the exit codes. Now it is 'no-space', exit 2, one line; once
+    there is room, a rerun completes and the store verifies clean."""
+    src = tmp_path / "src.sqlite"
+    with SqliteSaver.from_conn_string(str(src)) as saver:
+        graph = build(saver)
+        for i in range(40):
+            graph.invoke(START_STATE, {"configurable": {"thread_id": f"t{i:02}"}})
+    store = small_fs / "store"
+    code, out, err = cli("import-langgraph", str(src), str(store))
+    assert code == 2 and "unexpected" not in err, (out, err)
+    assert "error: No space left on device: the filesystem being written is full" in err
+    code, doc, err = cli_json("import-langgraph", str(src), str(store))
+    assert code == 2 and doc["error"]["code"] == "no-space", (doc, err)
+    subprocess.run(["mount", "-o", "remount,size=16m", str(small_fs)], check=True)
+    code, doc, err = cli_json("import-langgraph", str(src), str(store), timeout=120)  # a lease expires
+    assert code == 0 and doc["ok"] and doc["threads"] == 40, (doc, err)
+    assert cli("verify", str(store))[0] == 0
+    with SqliteSaver.from_conn_string(str(src)) as source:
+        dest = CkptfsSaver(str(store))
+        for i in range(40):
+            assert history(dest, f"t{i:02}") == history(source, f"t{i:02}") != []
+        dest.close()

@@ -15,6 +15,7 @@ refused a run a worker holds), interrupted (130), internal (3: a bug; -vv logs t
 from __future__ import annotations
 
 import argparse
+import errno
 import functools
 import json
 import logging
@@ -48,8 +49,9 @@ EXIT_INTERRUPTED = 130
 
 # error code -> exit code
 ERROR_EXIT = {"usage": EXIT_USAGE, "config": EXIT_USAGE, "not-found": EXIT_USAGE, "empty": EXIT_USAGE,
-              "unreachable": EXIT_USAGE, "corrupt": EXIT_PROBLEMS, "conflict": EXIT_PROBLEMS,
-              "lease-held": EXIT_PROBLEMS, "interrupted": EXIT_INTERRUPTED, "internal": EXIT_INTERNAL}
+              "unreachable": EXIT_USAGE, "no-space": EXIT_USAGE, "corrupt": EXIT_PROBLEMS,
+              "conflict": EXIT_PROBLEMS, "lease-held": EXIT_PROBLEMS, "interrupted": EXIT_INTERRUPTED,
+              "internal": EXIT_INTERNAL}
 
 
 class Output:
@@ -148,7 +150,18 @@ def run_command(args: argparse.Namespace) -> int:
         return fail("usage", str(exc))
     except KeyboardInterrupt:
         return fail("interrupted", "interrupted")
-    except Exception as exc:  # a bug: one line, the traceback at -vv (scrubbed like every record)
-        logger.debug("unexpected error", exc_info=True)
-        return fail("internal", f"unexpected {type(exc).__name__}: {exc} (run with -vv for the "
-                                "traceback)")
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the machine's state, not a bug
+            logger.debug("no space", exc_info=True)
+            return fail("no-space", f"{exc.strerror}: the filesystem being written is full (or a quota "
+                                    "is reached); what was acknowledged before is kept: free space "
+                                    "and run the command again")
+        return _internal(exc)
+    except Exception as exc:
+        return _internal(exc)
+
+
+def _internal(exc: Exception) -> int:
+    """A bug: one line, the traceback at -vv (scrubbed like every record)."""
+    logger.debug("unexpected error", exc_info=True)
+    return fail("internal", f"unexpected {type(exc).__name__}: {exc} (run with -vv for the traceback)")
