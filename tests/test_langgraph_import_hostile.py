@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
 from test_cli_commands import cli, cli_json
+from test_cli_terminal import in_terminal
 from test_langgraph_import import START_STATE, build, fill, history
 
 from ckptfs import AgentRun, CheckpointStore, Step
@@ -297,3 +298,24 @@ def test_a_full_filesystem_is_one_line_exit_2_and_a_rerun_converges(tmp_path: Pa
         for i in range(40):
             assert history(dest, f"t{i:02}") == history(source, f"t{i:02}") != []
         dest.close()
+
+
+def test_a_thread_id_that_looks_like_markup_is_listed_and_imported_in_a_terminal(tmp_path: Path) -> None:
+    """Table cells and the import's progress line were rich markup: one thread named 'a[/b]' made
+    `ckptfs threads` exit 3 for the whole store ('unexpected MarkupError: closing tag [/b]'), and an
+    import in a terminal exit 3 midway; a thread '[bold]x' was listed as 'x'."""
+    src = tmp_path / "src.sqlite"
+    ids = ["a[/b]", "[bold]x", "plain"]
+    with SqliteSaver.from_conn_string(str(src)) as saver:
+        graph = build(saver)
+        for thread in ids:
+            graph.invoke(START_STATE, {"configurable": {"thread_id": thread}})
+    store = tmp_path / "store"
+    code, lines = in_terminal("import-langgraph", str(src), str(store))
+    assert code == 0 and any("imported: 3 thread(s)" in line for line in lines), lines
+    code, out, err = cli("threads", str(store))
+    assert code == 0, (out, err)
+    listed = {line.split()[0] for line in out.splitlines()[3:] if line.strip()}  # root and subgraph rows
+    assert listed == set(ids), out
+    code, out, err = cli("show", str(store), "--thread", "a[/b]")
+    assert code == 0 and "thread a[/b] in" in out, (out, err)

@@ -81,11 +81,13 @@ def fit_table(console: Console, cols: Sequence[Col], rows: Sequence[Sequence[Ren
 
 
 def _one_line(cell: RenderableType) -> RenderableType:
+    """A cell on one line; text as it is, never read as markup: cells are data (thread ids, goals,
+    keys), and '[/x]' in one was a closing tag to rich (MarkupError: the whole table failed)."""
     from rich.text import Text
 
     if isinstance(cell, Text):
         return cell
-    return str(cell).replace("\n", " ")
+    return Text(str(cell).replace("\n", " "))
 
 
 def print_table(console: Console, cols: Sequence[Col], rows: Sequence[Sequence[RenderableType]],

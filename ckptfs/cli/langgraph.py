@@ -80,7 +80,8 @@ def cmd_import_langgraph(args: argparse.Namespace) -> int:
             else:
                 with err().status("importing") as status:
                     def tick(thread_id: str, copied: int) -> None:
-                        status.update(f"importing: {copied} checkpoint(s), last thread {thread_id[:40]}")
+                        last = escape(thread_id[:40])  # an id is text, not markup
+                        status.update(f"importing: {copied} checkpoint(s), last thread {last}")
 
                     report = import_threads(source, dest, args.threads, tick)
     finally:
