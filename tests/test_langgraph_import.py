@@ -404,3 +404,29 @@ def test_a_thread_the_source_does_not_hold_is_a_usage_error(tmp_path: Path) -> N
     assert not store.exists()
     code, out, err = cli("import-langgraph", str(src), str(store), "--thread", "t1")
     assert code == 0, (out, err)
+
+
+def test_a_database_without_both_saver_tables_on_its_search_path_is_a_usage_error(
+        tmp_path: Path, postgres_dsn: str) -> None:
+    """The source was taken for a PostgresSaver's when a table named checkpoint_writes existed in
+    any schema: a database holding only that table, or both in a schema off its search_path, was
+    exit 3, 'unexpected UndefinedTable: relation "checkpoints" does not exist'. Now exit 2 naming
+    the tables the saver would not find."""
+    import psycopg
+
+    base = postgres_dsn.rsplit("/", 1)[0]
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute("CREATE DATABASE half_saver")
+        conn.execute("CREATE DATABASE other_schema")
+    with psycopg.connect(f"{base}/half_saver", autocommit=True) as conn:
+        conn.execute("CREATE TABLE checkpoint_writes (thread_id text, task_id text)")
+    with psycopg.connect(f"{base}/other_schema", autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA app")
+        conn.execute("CREATE TABLE app.checkpoints (thread_id text)")
+        conn.execute("CREATE TABLE app.checkpoint_writes (thread_id text)")
+    for db, missing in (("half_saver", "(checkpoints not found"),
+                        ("other_schema", "(checkpoints, checkpoint_writes not found")):
+        code, out, err = cli("import-langgraph", f"{base}/{db}", str(tmp_path / db))
+        assert code == 2 and "unexpected" not in err, (db, out, err)
+        assert "holds no PostgresSaver tables " + missing in err and "hunter2" not in err, err
+        assert not (tmp_path / db).exists()

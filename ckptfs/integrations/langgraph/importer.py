@@ -194,17 +194,30 @@ class PostgresSource(Source):
         except psycopg.Error as exc:  # a DSN libpq refuses to parse (ProgrammingError); it quotes it
             why = str(exc).strip().replace(dsn, redact_url(dsn))
             raise ConfigError(f"{redact_url(dsn)} is not a valid PostgreSQL DSN: {why}") from None
-        cols = {r["column_name"] for r in self.conn.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_name = 'checkpoint_writes'")}
-        if not cols:
+        # the tables PostgresSaver's unqualified names resolve to (search_path), not a table of
+        # that name in any schema: a database holding only checkpoint_writes, or holding it in
+        # another schema, failed later with exit 3 (UndefinedTable: relation "checkpoints")
+        missing = [t for t in ("checkpoints", "checkpoint_writes")
+                   if (self.conn.execute("SELECT to_regclass(%s) AS oid", (t,)).fetchone() or {}).get("oid")
+                   is None]
+        if missing:
             self.conn.close()
-            raise ConfigError(f"{redact_url(dsn)} holds no PostgresSaver tables (checkpoint_writes)")
+            raise ConfigError(f"{redact_url(dsn)} holds no PostgresSaver tables ({', '.join(missing)} "
+                              "not found on its search_path)")
+        cols = {r["attname"] for r in self.conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass('checkpoint_writes') "
+            "AND attnum > 0 AND NOT attisdropped")}
         self.has_path = "task_path" in cols
         super().__init__(PostgresSaver(self.conn), redact_url(dsn))
 
     def thread_ids(self) -> list[str]:
-        return [str(r["thread_id"]) for r in self.conn.execute(
-            "SELECT DISTINCT thread_id FROM checkpoints ORDER BY thread_id")]
+        import psycopg
+
+        try:
+            return [str(r["thread_id"]) for r in self.conn.execute(
+                "SELECT DISTINCT thread_id FROM checkpoints ORDER BY thread_id")]
+        except psycopg.Error as exc:  # a table that is not PostgresSaver's, a connection lost
+            raise ConfigError(f"cannot list the threads of {self.display}: {str(exc).strip()}") from None
 
     def rows(self, thread_id: str, ns: str, checkpoint_id: str) -> list[Row] | None:
         path = "task_path" if self.has_path else "'' AS task_path"
