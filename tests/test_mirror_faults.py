@@ -223,3 +223,61 @@ def _quiet_werkzeug() -> Iterator[None]:
     log.setLevel(logging.WARNING)
     yield
     log.setLevel(level)
+
+
+def test_a_restore_cut_short_is_never_a_clean_store_a_version_short(
+        s3: EmbeddedS3, s3_url: str, tmp_path: Path) -> None:
+    """A restore into S3 whose newest record's PUT fails every retry exits 1 naming it; the
+    store it leaves must not load, nor verify clean, as the version before: a resume there
+    would pay again for what that record logged. It used to verify clean at v(N-1)."""
+    import os
+    import subprocess
+    import sys
+
+    from ckptfs.store.compactor import CompactionPolicy
+
+    mirror_dir = str(tmp_path / "mirror")  # a mirror without a snapshot: records from version 0
+    store = CheckpointStore(mirror_dir, policy=CompactionPolicy(background=False, keep_last=0),
+                            artifact_threshold=1024)
+    work(store, RUN, 6)
+    newest = max(store.list_versions(RUN))
+    assert not open_storage(mirror_dir).list(f"runs/{RUN}/snap")
+    store.close()
+    last = f"/log/{newest:012d}.ckpt"
+
+    def rule(method: str, path: str, n: int) -> tuple[int, str] | None:
+        return (503, "SlowDown") if method == "PUT" and last in path else None
+
+    cli = str(Path(sys.executable).parent / "ckptfs")
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": s3.storage_options["key"],
+           "AWS_SECRET_ACCESS_KEY": s3.storage_options["secret"]}
+    with FaultProxy(s3.endpoint, rule) as proxy:
+        got = subprocess.run(
+            [cli, "restore", mirror_dir, s3_url, "--run", RUN, "--attempts", "2", "--no-progress",
+             "--to-option", f"client_kwargs.endpoint_url={proxy.endpoint}",
+             "--to-option", f"client_kwargs.region_name={s3.region}",
+             "--to-option", "config_kwargs.retries.max_attempts=1"],
+            capture_output=True, text=True, env=env, timeout=120)
+    assert proxy.injected >= 2
+    assert got.returncode == 1, got.stderr
+    assert last.lstrip("/") in got.stderr
+    verified = subprocess.run(
+        [cli, "verify", s3_url, "--json", "-o", f"client_kwargs.endpoint_url={s3.endpoint}",
+         "-o", f"client_kwargs.region_name={s3.region}"],
+        capture_output=True, text=True, env=env, timeout=60)
+    assert verified.returncode == 1, verified.stdout
+    runs = subprocess.run(
+        [cli, "runs", s3_url, "--json", "-o", f"client_kwargs.endpoint_url={s3.endpoint}",
+         "-o", f"client_kwargs.region_name={s3.region}"],
+        capture_output=True, text=True, env=env, timeout=60)
+    assert f'"version": {newest - 1}' not in runs.stdout, runs.stdout
+    # run again with the network healthy, the restore converges to the mirror's newest version
+    again = subprocess.run(
+        [cli, "restore", mirror_dir, s3_url, "--run", RUN, "--no-progress",
+         "--to-option", f"client_kwargs.endpoint_url={s3.endpoint}",
+         "--to-option", f"client_kwargs.region_name={s3.region}"],
+        capture_output=True, text=True, env=env, timeout=120)
+    assert again.returncode == 0, again.stderr
+    restored = CheckpointStore(s3_url, s3.storage_options)
+    assert state(restored, RUN) == state(CheckpointStore(mirror_dir), RUN)
+    assert restored.last_load is not None and restored.last_load.version == newest

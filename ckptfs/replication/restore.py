@@ -218,7 +218,12 @@ def restore_run(m: Mirror, run_id: str, version: int | None, prog: Progress,
             res.error = (f"{m.dst.display_url} already holds {len(strays)} other file(s) of run "
                          f"{run_id!r} (e.g. {strays[0]}); restore into a fresh URL")
             return res
-        # Publish: artifacts, records, snapshot last, each skipped if already there, verified.
+        # Publish: artifacts, records, and last the file every load of the point starts from
+        # (the snapshot, or without one the record built on version 0), each skipped if already
+        # there, verified. Unlike a mirror, a restored store is nobody's earlier state: until
+        # that start is there, nothing loads, so a restore cut short (retries ran out) leaves a
+        # store that verify reports and an agent refuses to resume, never one a version short
+        # that verify calls clean and a resume continues from, paying again for its calls.
         known: set[str] = set()
         absent = note_present(m.dst, chain.refs, known)
         copier = Copier(m.dst, prog, known, absent)
@@ -226,13 +231,15 @@ def restore_run(m: Mirror, run_id: str, version: int | None, prog: Progress,
         prog.planned(len(refs) + len(chain.files),
                      sum(r.size for r in refs) + sum(len(reader.raw[f.key]) for f in chain.files))
         gather([m.pool.submit(copier.artifact, stage, r) for r in refs], res, [r.size for r in refs])
+        start = chain.snapshot if chain.snapshot is not None else (
+            chain.records[0] if chain.records else None)
+        recs = [f for f in chain.records if f is not start]
         if res.ok:
             gather([m.pool.submit(copier.blob, f.key, reader.raw[f.key], f.key in dst_keys)
-                     for f in chain.records], res, [len(reader.raw[f.key]) for f in chain.records])
-        if res.ok and chain.snapshot is not None:
-            s = chain.snapshot
-            gather([m.pool.submit(copier.blob, s.key, reader.raw[s.key], s.key in dst_keys)], res,
-                    [len(reader.raw[s.key])])
+                     for f in recs], res, [len(reader.raw[f.key]) for f in recs])
+        if res.ok and start is not None:
+            gather([m.pool.submit(copier.blob, start.key, reader.raw[start.key],
+                                  start.key in dst_keys)], res, [len(reader.raw[start.key])])
         if res.ok and res.copied == 0:
             res.status = "up-to-date"
         if res.status == "incomplete":
