@@ -33,7 +33,7 @@ from pydantic import (
 
 from ckptfs.errors import ConfigError, StorageUnavailableError
 from ckptfs.format.units import parse_duration
-from ckptfs.storage.redact import redact_options, redact_url
+from ckptfs.storage.redact import is_secret_option, redact_options, redact_url
 from ckptfs.storage.registry import open_storage
 
 DEFAULT_PATH = "config/ckptfs.toml"
@@ -67,14 +67,17 @@ def json_object_env(var: str, raw: str) -> dict[str, Any]:
     return value
 
 
-def _secret_paths(options: Mapping[str, Any], prefix: str) -> list[str]:
-    red = redact_options(options)
+def _secret_paths(options: Any, prefix: str) -> list[str]:
+    """Where options hold a credential (`store.options.client_kwargs.headers.Authorization`),
+    through tables and lists of tables at any depth."""
     out = []
-    for k, v in options.items():
-        if isinstance(v, Mapping):
-            out += _secret_paths(v, f"{prefix}.{k}")
-        elif red.get(k) == "***":
+    items = options.items() if isinstance(options, Mapping) else (
+        enumerate(options) if isinstance(options, list | tuple) else ())
+    for k, v in items:
+        if isinstance(k, str) and is_secret_option(k) and v is not None:
             out.append(f"{prefix}.{k}")
+        else:
+            out += _secret_paths(v, f"{prefix}.{k}" if isinstance(k, str) else f"{prefix}[{k}]")
     return out
 
 

@@ -21,12 +21,10 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ckptfs.storage.redact import redact_url
+from ckptfs.storage.redact import is_secret_option, redact_url, secret_option_values
 
-# option keys whose values are credentials (a superset of storage.redact's: the access key id is
-# not a secret to AWS, but it names the account and the brief of this module is "nothing")
-_SECRET_OPTION = re.compile(r"secret|token|password|passwd|credential|session|signature|access_key|"
-                            r"key_id|^key$|_key$|apikey|api_key", re.I)
+# option keys whose values are credentials: storage.redact's one list, the access key id in it
+# (not a secret to AWS, but it names the account and the brief of this module is "nothing")
 _SECRET_ENV = re.compile(r"^AWS_\w*(KEY|SECRET|TOKEN|PASSWORD)\w*$", re.I)
 _MIN_SECRET = 4  # shorter values would scrub ordinary words; no real credential is this short
 
@@ -56,11 +54,7 @@ def secret_values(options: Mapping[str, Any] | None = None,
     out: set[str] = set()
 
     def walk(opts: Mapping[str, Any]) -> None:
-        for k, v in opts.items():
-            if isinstance(v, Mapping):
-                walk(v)
-            elif v is not None and _SECRET_OPTION.search(str(k)) and len(str(v)) >= _MIN_SECRET:
-                out.add(str(v))
+        out.update(v for v in secret_option_values(opts) if len(v) >= _MIN_SECRET)
 
     if options:
         walk(options)
@@ -94,7 +88,7 @@ def _profile_secrets(path: str) -> set[str]:
     except (OSError, configparser.Error, UnicodeDecodeError):
         return set()
     return {v for section in parser.sections() for k, v in parser.items(section)
-            if _SECRET_OPTION.search(k) and len(v) >= _MIN_SECRET}
+            if is_secret_option(k) and len(v) >= _MIN_SECRET}
 
 
 class Scrubber:

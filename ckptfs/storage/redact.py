@@ -6,7 +6,15 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-_SECRET_KEY = re.compile(r"secret|token|password|passwd|credential|session|signature|^key$|_key$", re.I)
+# Option keys whose values are credentials, in every backend fsspec opens: S3's key/secret/token,
+# the access key id (not a secret to AWS, but it names the account), Azure's account_key and
+# connection_string, an SSH passphrase, an HTTP header (Authorization, X-Api-Key, Cookie), a
+# webdav `auth` pair, an SSE-C customer key. The one list: a config file holding one is refused,
+# `config show` and every log line hide it. Not SSEKMSKeyId: the name of a KMS key, no secret.
+SECRET_OPTION_KEY = re.compile(
+    r"secret|token|password|passwd|passphrase|credential|session|signature|authori[sz]ation|"
+    r"cookie|connection[_-]?string|access[_-]?key|key[_-]id|api[_-]?key|customer[_-]?key|^key$|"
+    r"[_-]key$|^auth$|[_-]auth$", re.I)
 
 
 def redact_url(url: str) -> str:
@@ -38,16 +46,49 @@ def has_credentials(url: str) -> bool:
     return "@" in host or ":" in host.split("@", 1)[0]
 
 
+def is_secret_option(key: object) -> bool:
+    """Whether an option of this name holds a credential (its whole value, whatever its type)."""
+    return bool(SECRET_OPTION_KEY.search(str(key)))
+
+
 def redact_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """storage_options with every secret-looking value replaced, recursively."""
-    out: dict[str, Any] = {}
-    for k, v in options.items():
+    """storage_options with every secret-looking value replaced, recursively (lists too)."""
+    return {k: "***" if is_secret_option(k) and v is not None else _redact_value(v)
+            for k, v in options.items()}
+
+
+def _redact_value(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return redact_options(v)
+    if isinstance(v, list | tuple):  # a list of tables in a config file: each one redacted
+        return [_redact_value(x) for x in v]
+    return v
+
+
+def secret_option_values(options: Mapping[str, Any] | None) -> set[str]:
+    """Every credential value in storage options: each leaf under a secret-looking key (a
+    token given as a table or a list too), found through tables and lists at any depth."""
+    out: set[str] = set()
+
+    def leaves(v: Any) -> None:
         if isinstance(v, Mapping):
-            out[k] = redact_options(v)
-        elif _SECRET_KEY.search(str(k)) and v is not None:
-            out[k] = "***"
-        else:
-            out[k] = v
+            for x in v.values():
+                leaves(x)
+        elif isinstance(v, list | tuple):
+            for x in v:
+                leaves(x)
+        elif v is not None and not isinstance(v, bool) and str(v) != "":
+            out.add(str(v))
+
+    def walk(v: Any) -> None:
+        if isinstance(v, Mapping):
+            for k, x in v.items():
+                (leaves if is_secret_option(k) else walk)(x)
+        elif isinstance(v, list | tuple):
+            for x in v:
+                walk(x)
+
+    walk(options or {})
     return out
 
 
@@ -57,11 +98,6 @@ def scrub_secrets(text: str, options: Mapping[str, Any] | None) -> str:
     Libraries build error messages around the values they were given; this is the last
     line of defence before such a message reaches a log line or the terminal.
     """
-    for k, v in (options or {}).items():
-        if isinstance(v, Mapping):
-            text = scrub_secrets(text, v)
-        elif _SECRET_KEY.search(str(k)) and v not in (None, ""):
-            text = text.replace(str(v), "***")
+    for value in sorted(secret_option_values(options), key=len, reverse=True):
+        text = text.replace(value, "***")
     return text
-
-

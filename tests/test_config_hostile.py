@@ -1,0 +1,82 @@
+"""Hostile config files, through the real `ckptfs` executable: every mistake is one line and
+exit 2, and no credential written in a file (or in $CKPTFS_STORAGE_OPTIONS) reaches stdout or
+stderr, at any verbosity, with or without --json."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CLI = str(Path(sys.executable).parent / "ckptfs")
+
+
+def ckptfs(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("CKPTFS_")}
+    full.update(env or {})
+    return subprocess.run([CLI, *args], capture_output=True, text=True, cwd=cwd, env=full, timeout=60)
+
+
+# credentials of other fsspec backends than S3, each under the option name that backend uses
+SECRETS = {
+    "apikey = 'APIKEY-hostile-1'": "APIKEY-hostile-1",
+    "connection_string = 'AccountName=a;AccountKey=CONNSTR-hostile-2=='": "CONNSTR-hostile-2",
+    "passphrase = 'PASSPHRASE-hostile-3'": "PASSPHRASE-hostile-3",
+    "aws_access_key_id = 'AKIAHOSTILEKEYID0004'": "AKIAHOSTILEKEYID0004",
+    "client_kwargs = { headers = { Authorization = 'Bearer BEARER-hostile-5' } }": "BEARER-hostile-5",
+    "client_kwargs = { headers = { X-Api-Key = 'XAPIKEY-hostile-6' } }": "XAPIKEY-hostile-6",
+    "auth = ['user', 'AUTHPAIR-hostile-7']": "AUTHPAIR-hostile-7",
+    "token = { type = 'service_account', private_key_id = 'TOKENTABLE-hostile-8' }": "TOKENTABLE-hostile-8",
+}
+
+
+@pytest.mark.parametrize("line", list(SECRETS))
+@pytest.mark.parametrize("flags", [[], ["--json"], ["-vvv"]])
+def test_a_credential_in_a_config_file_is_refused_and_never_printed(
+        tmp_path: Path, line: str, flags: list[str]) -> None:
+    secret = SECRETS[line]
+    (tmp_path / "c.toml").write_text(f'[store]\nurl = "memory://c"\n[store.options]\n{line}\n')
+    got = ckptfs("config", "show", "--config", "c.toml", *flags, cwd=tmp_path)
+    assert got.returncode == 2, got.stdout + got.stderr
+    assert "do not belong in a config file" in got.stderr and "store.options." in got.stderr
+    if flags == ["--json"]:
+        assert json.loads(got.stdout)["error"]["code"] == "config"
+    assert secret not in got.stdout + got.stderr
+
+
+def test_options_that_only_name_a_key_stay_allowed_and_shown(tmp_path: Path) -> None:
+    """The KMS key a bucket encrypts with is a name, not a credential (and an SSE-C customer
+    key is one)."""
+    (tmp_path / "c.toml").write_text(
+        '[store]\nurl = "memory://c"\n[store.options.s3_additional_kwargs]\n'
+        'ServerSideEncryption = "aws:kms"\nSSEKMSKeyId = "arn:aws:kms:eu-west-1:1:key/k"\n')
+    got = ckptfs("config", "show", "--config", "c.toml", "--json", cwd=tmp_path)
+    assert got.returncode == 0, got.stderr
+    extra = json.loads(got.stdout)["store"]["options"]["s3_additional_kwargs"]
+    assert extra["SSEKMSKeyId"] == "arn:aws:kms:eu-west-1:1:key/k"
+    (tmp_path / "c.toml").write_text(
+        '[store]\nurl = "memory://c"\n[store.options.s3_additional_kwargs]\n'
+        'SSECustomerKey = "SSEC-hostile-9"\n')
+    got = ckptfs("config", "show", "--config", "c.toml", cwd=tmp_path)
+    assert got.returncode == 2 and "SSEC-hostile-9" not in got.stdout + got.stderr
+
+
+@pytest.mark.parametrize("line", list(SECRETS))
+def test_a_credential_in_the_environment_is_shown_redacted(tmp_path: Path, line: str) -> None:
+    import tomllib
+
+    secret = SECRETS[line]
+    options = tomllib.loads(line)
+    got = ckptfs("config", "show", "--json", cwd=tmp_path,
+                 env={"CKPTFS_URL": "memory://c", "CKPTFS_STORAGE_OPTIONS": json.dumps(options)})
+    assert got.returncode == 0, got.stderr
+    assert secret not in got.stdout + got.stderr
+    assert "***" in json.dumps(json.loads(got.stdout)["store"]["options"])
+    table = ckptfs("config", "show", cwd=tmp_path,
+                   env={"CKPTFS_URL": "memory://c", "CKPTFS_STORAGE_OPTIONS": json.dumps(options),
+                        "COLUMNS": "400"})
+    assert table.returncode == 0 and secret not in table.stdout + table.stderr
