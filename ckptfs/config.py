@@ -200,6 +200,41 @@ def _describe(loc: tuple[Any, ...], origin: Mapping[str, str], where: str) -> st
     return f"{where}: {key}"
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a settings file is a few hundred bytes; nothing bigger is read
+
+
+def _not_a_file(file: Path) -> str:
+    """Why a config path that is not a regular file cannot be read, in a few words."""
+    import stat
+
+    try:
+        st = file.stat()
+    except FileNotFoundError:
+        return "is a symbolic link to nothing" if file.is_symlink() else "does not exist"
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror or type(exc).__name__}"
+    if stat.S_ISDIR(st.st_mode):
+        return "is a directory, not a file"
+    return "is not a regular file (a FIFO, a socket or a device): never read"
+
+
+def _read_toml(file: Path, via: str) -> dict[str, Any]:
+    """The TOML document in a regular file; ConfigError naming the file for anything else."""
+    try:
+        with open(file, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"config file {str(file)!r} ({via}) cannot be read: "
+                          f"{exc.strerror or type(exc).__name__}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {str(file)!r} ({via}) is larger than "
+                          f"{MAX_CONFIG_BYTES} bytes: not a settings file")
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{file}: not valid TOML: {exc}") from None
+
+
 def load_settings(path: str | os.PathLike[str] | None = None,
                   env: Mapping[str, str] | None = None) -> Settings:
     """Read, override and validate the settings; ConfigError names the first bad key."""
@@ -208,15 +243,12 @@ def load_settings(path: str | os.PathLike[str] | None = None,
     file = Path(explicit) if explicit else Path(DEFAULT_PATH)
     doc: dict[str, Any] = {}
     where = "defaults"
+    via = "--config" if path is not None else f"${CONFIG_ENV}" if explicit else "the default"
     if explicit and not file.is_file():
-        via = "--config" if path is not None else f"${CONFIG_ENV}"
-        raise ConfigError(f"config file {str(file)!r} ({via}) does not exist")
+        raise ConfigError(f"config file {str(file)!r} ({via}) {_not_a_file(file)}")
     if file.is_file():
         where = str(file)
-        try:
-            doc = tomllib.loads(file.read_text(encoding="utf-8"))
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{where}: not valid TOML: {exc}") from None
+        doc = _read_toml(file, via)
     origin: dict[str, str] = {}
     for section in ("store", "mirror"):
         sec = doc.get(section)

@@ -80,3 +80,50 @@ def test_a_credential_in_the_environment_is_shown_redacted(tmp_path: Path, line:
                    env={"CKPTFS_URL": "memory://c", "CKPTFS_STORAGE_OPTIONS": json.dumps(options),
                         "COLUMNS": "400"})
     assert table.returncode == 0 and secret not in table.stdout + table.stderr
+
+
+def _without_dac_override() -> list[str]:
+    """As root, permissions are not checked: drop the capabilities that skip them (setpriv)."""
+    import shutil
+
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("root without setpriv: an unreadable file cannot be made")
+    caps = "-dac_override,-dac_read_search,-fowner"
+    return ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}"]
+
+
+def test_a_config_path_that_is_no_readable_file_is_one_line_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "a-directory").mkdir()
+    os.mkfifo(tmp_path / "a-fifo")  # opened, it would block every command forever
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere.toml")
+    (tmp_path / "huge.toml").write_bytes(b"#" * (2 << 20))
+    unreadable = tmp_path / "unreadable.toml"
+    unreadable.write_text('[store]\nurl = "memory://u"\n')
+    unreadable.chmod(0)
+    cases = {"a-directory": "is a directory", "a-fifo": "is not a regular file",
+             "dangling": "is a symbolic link to nothing", "nowhere.toml": "does not exist",
+             "huge.toml": "is larger than"}
+    for name, why in cases.items():
+        for flags in ([], ["--json"]):
+            got = ckptfs("config", "show", "--config", name, *flags, cwd=tmp_path)
+            assert got.returncode == 2, (name, got.stderr)
+            lines = got.stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith(
+                f"error: config file {name!r} (--config) {why}"), got.stderr
+            if flags:
+                assert json.loads(got.stdout)["error"]["code"] == "config"
+        env_got = ckptfs("runs", cwd=tmp_path, env={"CKPTFS_CONFIG": name})
+        assert env_got.returncode == 2 and f"($CKPTFS_CONFIG) {why}" in env_got.stderr
+    prefix = _without_dac_override()
+    for argv, via in ((["--config", "unreadable.toml"], "(--config)"), ([], "(the default)")):
+        if not argv:
+            (tmp_path / "config").mkdir()
+            os.rename(unreadable, tmp_path / "config" / "ckptfs.toml")
+        got = subprocess.run([*prefix, CLI, "runs", *argv, "--json"], capture_output=True, text=True,
+                             cwd=tmp_path, timeout=60,
+                             env={k: v for k, v in os.environ.items() if not k.startswith("CKPTFS_")})
+        assert got.returncode == 2, got.stderr  # was 3: "unexpected PermissionError"
+        assert f"{via} cannot be read: Permission denied" in got.stderr
+        assert json.loads(got.stdout)["error"]["code"] == "config"
