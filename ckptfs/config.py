@@ -32,7 +32,7 @@ from pydantic import (
 )
 
 from ckptfs.errors import ConfigError, StorageUnavailableError
-from ckptfs.format.units import parse_duration
+from ckptfs.format.units import MAX_SCHEDULE_SECONDS, parse_duration
 from ckptfs.storage.redact import is_secret_option, redact_options, redact_url
 from ckptfs.storage.registry import open_storage
 
@@ -81,6 +81,13 @@ def _secret_paths(options: Any, prefix: str) -> list[str]:
     return out
 
 
+def _no_bool(v: Any) -> Any:
+    """A whole-number setting given as true/false (`keep_last = true`) is a mistake, not 1."""
+    if isinstance(v, bool):
+        raise ValueError(f"must be a whole number, not {str(v).lower()}")
+    return v
+
+
 class StoreSettings(BaseModel):
     """The primary store the agent writes."""
 
@@ -90,6 +97,8 @@ class StoreSettings(BaseModel):
     keep_last: int = Field(default=3, ge=1)
     artifact_threshold: int = Field(default=64 * 1024, ge=1)
     options: dict[str, Any] = Field(default_factory=dict)
+
+    _whole = field_validator("keep_last", "artifact_threshold", mode="before")(_no_bool)
 
 
 class MirrorSettings(BaseModel):
@@ -103,16 +112,19 @@ class MirrorSettings(BaseModel):
     latest: bool = False
     interval: str | None = None
     cron: str | None = None
-    misfire_grace_time: int = Field(default=60, ge=1)
+    misfire_grace_time: int = Field(default=60, ge=1, le=MAX_SCHEDULE_SECONDS)
     workers: int = Field(default=8, ge=1, le=128)
     attempts: int = Field(default=6, ge=1, le=100)
     options: dict[str, Any] = Field(default_factory=dict)
+
+    _whole = field_validator("every_n", "keep_last", "misfire_grace_time", "workers", "attempts",
+                             mode="before")(_no_bool)
 
     @field_validator("interval")
     @classmethod
     def _interval(cls, v: str | None) -> str | None:
         if v is not None:
-            parse_duration(v)
+            parse_duration(v, limit=MAX_SCHEDULE_SECONDS)
         return v
 
     @field_validator("cron")
@@ -135,7 +147,8 @@ class MirrorSettings(BaseModel):
 
     @property
     def interval_seconds(self) -> float | None:
-        return None if self.interval is None else parse_duration(self.interval)
+        return None if self.interval is None else parse_duration(self.interval,
+                                                                  limit=MAX_SCHEDULE_SECONDS)
 
 
 class Settings(BaseModel):

@@ -127,3 +127,56 @@ def test_a_config_path_that_is_no_readable_file_is_one_line_exit_2(tmp_path: Pat
         assert got.returncode == 2, got.stderr  # was 3: "unexpected PermissionError"
         assert f"{via} cannot be read: Permission denied" in got.stderr
         assert json.loads(got.stdout)["error"]["code"] == "config"
+
+
+@pytest.fixture
+def small_store(tmp_path: Path) -> str:
+    from ckptfs import AgentRun, CheckpointStore, Step
+
+    url = str(tmp_path / "src")
+    with CheckpointStore(url) as store:
+        run = AgentRun(run_id="r", goal="g")
+        run.add_step(Step(id="s", title="s"))
+        store.save_run(run)
+    return url
+
+
+@pytest.mark.parametrize(("setting", "named"), [
+    ("[mirror]\nmisfire_grace_time = 99999999999999999999999", "mirror.misfire_grace_time"),
+    ('[mirror]\ninterval = "99999999999999999w"',
+     "mirror.interval: duration '99999999999999999w' is too long"),
+    ("[store]\nkeep_last = true", "store.keep_last: must be a whole number, not true"),
+    ("[mirror]\nworkers = false", "mirror.workers: must be a whole number, not false"),
+    ("[mirror]\nevery_n = true", "mirror.every_n: must be a whole number, not true"),
+])
+def test_a_schedule_setting_out_of_range_is_refused_before_the_mirror_starts(
+        tmp_path: Path, small_store: str, setting: str, named: str) -> None:
+    """A misfire grace or interval no datetime can hold passed validation: `mirror` then failed
+    every scheduled tick with OverflowError in the log (or exited 3), and keep_last = true meant 1."""
+    (tmp_path / "c.toml").write_text(setting + "\n")
+    shown = ckptfs("config", "show", "--config", "c.toml", cwd=tmp_path)
+    assert shown.returncode == 2 and named in shown.stderr, shown.stderr
+    dst = tmp_path / "dst"
+    got = ckptfs("mirror", small_store, str(dst), "--config", "c.toml", "--interval", "1s",
+                 "--no-progress", cwd=tmp_path)
+    assert got.returncode == 2 and named in got.stderr, got.stderr
+    assert "Traceback" not in got.stderr and not dst.exists()
+
+
+def test_an_interval_no_datetime_can_hold_is_a_usage_error(tmp_path: Path, small_store: str) -> None:
+    got = ckptfs("mirror", small_store, str(tmp_path / "dst"), "--interval", "99999999999999999999w",
+                 "--json", "--no-progress", cwd=tmp_path)
+    assert got.returncode == 2, got.stderr  # was 3, "unexpected OverflowError"
+    assert "--interval: duration '99999999999999999999w' is too long" in got.stderr
+    assert json.loads(got.stdout)["error"]["code"] == "usage"
+
+
+def test_mirror_job_refuses_what_its_scheduler_cannot_run(tmp_path: Path, small_store: str) -> None:
+    from ckptfs.errors import ConfigError
+    from ckptfs.replication.job import MirrorJob
+
+    dst = str(tmp_path / "dst")
+    for kwargs in ({"interval": float("nan")}, {"interval": 1e300}, {"misfire_grace_time": 10 ** 30},
+                   {"misfire_grace_time": 0}):
+        with pytest.raises(ConfigError):
+            MirrorJob(small_store, dst, **kwargs)  # type: ignore[arg-type]

@@ -193,7 +193,7 @@ def _named_runs(source: Target, runs: list[str] | None) -> list[str] | None:
 
 
 def _cmd_mirror(args: argparse.Namespace) -> int:
-    from ckptfs.format.units import parse_duration
+    from ckptfs.format.units import MAX_SCHEDULE_SECONDS, parse_duration
 
     settings = load_cli_settings(args)
     m = settings.mirror
@@ -213,7 +213,7 @@ def _cmd_mirror(args: argparse.Namespace) -> int:
     if not args.once:
         if args.interval:
             try:
-                interval = parse_duration(args.interval)
+                interval = parse_duration(args.interval, limit=MAX_SCHEDULE_SECONDS)
             except ValueError as exc:
                 raise CliError(f"--interval: {exc}") from None
         elif args.cron:

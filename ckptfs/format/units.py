@@ -11,11 +11,19 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 
 
-def parse_duration(text: str | float | int, *, allow_zero: bool = False) -> float:
+# The longest interval or grace a schedule takes: APScheduler adds it to the time of day as a
+# timedelta, and a datetime ends at the year 9999 (a '99999999999999999999w' interval made every
+# `ckptfs mirror` exit 3 with OverflowError, a misfire grace that long failed every tick).
+MAX_SCHEDULE_SECONDS = 100 * 365 * 86400
+
+
+def parse_duration(text: str | float | int, *, allow_zero: bool = False,
+                   limit: float | None = None) -> float:
     """Seconds in a duration; ConfigError (a ValueError) naming the text for anything else.
 
     A bare number is seconds and may only stand last ('1h30' is refused: 30 what?). Zero is
-    refused unless `allow_zero` (an interval of 0 would spin; a grace period of 0 is a choice).
+    refused unless `allow_zero` (an interval of 0 would spin; a grace period of 0 is a choice);
+    more than `limit` seconds too (a schedule's, MAX_SCHEDULE_SECONDS).
     """
     if isinstance(text, int | float) and not isinstance(text, bool):
         seconds = float(text)
@@ -36,4 +44,7 @@ def parse_duration(text: str | float | int, *, allow_zero: bool = False) -> floa
                               f"(e.g. 30s, 24h, 1h30m)")
     if seconds < 0 or (seconds == 0 and not allow_zero):
         raise ConfigError(f"duration {text!r} must be {'zero or ' if allow_zero else ''}positive")
+    if limit is not None and seconds > limit:
+        raise ConfigError(f"duration {text!r} is too long: at most {limit:g}s "
+                          f"({limit / (365 * 86400):g} years)")
     return seconds

@@ -12,6 +12,7 @@ from typing import Any
 from ckptfs.errors import (
     ConfigError,
 )
+from ckptfs.format.units import MAX_SCHEDULE_SECONDS
 from ckptfs.replication.copy import DEFAULT_ATTEMPTS, DEFAULT_WORKERS, StorageLike
 from ckptfs.replication.mirror import Mirror
 from ckptfs.replication.report import MirrorReport, NoProgress
@@ -24,8 +25,10 @@ def to_seconds(interval: float | timedelta | None) -> float | None:
     if interval is None:
         return None
     s = interval.total_seconds() if isinstance(interval, timedelta) else float(interval)
-    if s <= 0:
+    if not s > 0:
         raise ConfigError(f"mirror interval must be positive, got {s}s")
+    if s > MAX_SCHEDULE_SECONDS:
+        raise ConfigError(f"mirror interval {s:g}s is too long: at most {MAX_SCHEDULE_SECONDS}s")
     return s
 
 
@@ -56,6 +59,9 @@ class MirrorJob:
             raise ConfigError(f"every_n must be >= 1, got {every_n}")
         if interval is not None and cron is not None:
             raise ConfigError("give a mirror interval or a cron expression, not both")
+        if isinstance(misfire_grace_time, bool) or not 1 <= misfire_grace_time <= MAX_SCHEDULE_SECONDS:
+            raise ConfigError(f"misfire_grace_time must be 1 to {MAX_SCHEDULE_SECONDS} seconds, "
+                              f"got {misfire_grace_time!r}")
         # only these runs, on schedule and on notify (`ckptfs mirror --run X --interval ...`)
         self.run_ids: list[str] | None = (None if run_ids is None else [run_ids] if isinstance(run_ids, str)
                                           else sorted(set(run_ids)))
