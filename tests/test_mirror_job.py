@@ -182,3 +182,52 @@ def test_a_scheduled_mirror_of_one_run_mirrors_that_run_only(tmp_path: Path) -> 
     job = MirrorJob(src, str(tmp_path / "dst2"), every_n=1, run_ids=["a"])  # notify keeps to it too
     assert job.notify("a", 5) is True and job.notify("b", 5) is False
     job.shutdown()
+
+
+def test_a_scheduled_mirror_whose_passes_fail_exits_1_and_says_so(
+        tmp_path: Path, s3: Any, s3_url: str) -> None:
+    """A scheduled `ckptfs mirror` whose mirror stops answering mid-job: each pass raised, was
+    logged, and left no report, so --json printed nothing for it and SIGTERM exited 0 (the last
+    *report*, before the outage, was ok). Now each failed pass is a JSON line (or an error line)
+    and the exit code is the last pass's: 1."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from _fault_proxy import Fault, FaultProxy
+
+    src = str(tmp_path / "src")
+    store = CheckpointStore(src, policy=POLICY, artifact_threshold=1024)
+    work(store, "a", 6)
+    store.close()
+    cli = str(Path(sys.executable).parent / "ckptfs")
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": s3.storage_options["key"],
+           "AWS_SECRET_ACCESS_KEY": s3.storage_options["secret"]}
+    down = threading.Event()
+    with FaultProxy(s3.endpoint, lambda req: Fault(drop="before") if down.is_set() else None) as proxy:
+        proc = subprocess.Popen(
+            [cli, "mirror", src, s3_url, "--interval", "1s", "--latest", "--json", "--no-progress",
+             "--attempts", "2", "--to-option", f"client_kwargs.endpoint_url={proxy.endpoint}",
+             "--to-option", f"client_kwargs.region_name={s3.region}",
+             "--to-option", "config_kwargs.retries.max_attempts=1",
+             "--to-option", "config_kwargs.connect_timeout=1"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        assert proc.stdout is not None
+        watchdog = threading.Timer(60, proc.kill)  # a readline below never blocks the suite
+        watchdog.start()
+        first = json.loads(proc.stdout.readline())  # the first pass, with the mirror answering
+        down.set()  # from now on every request's connection is dropped unanswered
+        try:
+            failed = json.loads(proc.stdout.readline())
+            while failed.get("ok") is True:  # a pass that began before the outage
+                failed = json.loads(proc.stdout.readline())
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, errs = proc.communicate(timeout=60)
+            watchdog.cancel()
+    assert first["ok"] is True, first
+    assert failed["ok"] is False and "mirror pass failed" in failed["error"], failed
+    assert s3.storage_options["secret"] not in out + errs
+    assert proc.returncode == 1, errs[-2000:]

@@ -243,20 +243,29 @@ def _scheduled(args: argparse.Namespace, src: str, dst: str, src_opts: dict[str,
     from ckptfs.replication.job import MirrorJob
 
     stop = threading.Event()
-    failures = [0]
+    last_ok = [True]  # the exit code is the last pass's: 0 only if it completed and was ok
 
     def on_report(report: Any) -> None:
-        if not report.ok:
-            failures[0] += 1
+        last_ok[0] = bool(report.ok)
         if args.json:
             print(json.dumps(report.to_dict(), default=str), flush=True)
         else:
             _table(report)
 
+    def on_error(exc: Exception) -> None:
+        last_ok[0] = False
+        message = " ".join(SCRUBBER.scrub(f"mirror pass failed: {type(exc).__name__}: {exc}").split())
+        if args.json:
+            print(json.dumps({"operation": "mirror", "ok": False, "error": message}), flush=True)
+        else:
+            from rich.text import Text
+
+            err().print(Text.assemble(("error: ", "red"), message), soft_wrap=True)
+
     job = MirrorJob(src, dst, every_n=every_n, interval=interval, cron=cron, keep_last=keep_last,
                     latest=latest, src_options=src_opts, dst_options=dst_opts,
                     misfire_grace_time=grace, workers=workers, attempts=attempts,
-                    on_report=on_report, run_ids=runs)
+                    on_report=on_report, run_ids=runs, on_error=on_error)
     old = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     job.start()
     when = f"every {interval:g}s" if interval is not None else f"on cron {cron!r}"
@@ -271,8 +280,7 @@ def _scheduled(args: argparse.Namespace, src: str, dst: str, src_opts: dict[str,
     finally:
         signal.signal(signal.SIGTERM, old)
         job.shutdown(wait=True)
-    return EXIT_OK if failures[0] == 0 or (job.last_report is not None and job.last_report.ok) \
-        else EXIT_PROBLEMS
+    return EXIT_OK if last_ok[0] else EXIT_PROBLEMS
 
 
 def _check_restorable(source: Target, run: str | None, version: int | None) -> None:

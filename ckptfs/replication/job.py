@@ -40,6 +40,10 @@ class MirrorJob:
     coalesce=True and `misfire_grace_time`, and every pass also holds one lock, so a tick
     or trigger that arrives while a pass runs is folded into one more pass afterwards.
 
+    `on_report` gets each pass's report; `on_error` each exception a pass raised instead (an end
+    that stopped answering mid-job): the next tick tries again, and `last_error` is set until
+    a pass completes.
+
     The agent calls `notify(run_id, version)` (or the callable from `step_trigger(n)`) after
     each commit: it returns at once, and when the run crossed a multiple of N it schedules a
     pass that mirrors that run's newest version. It never blocks the agent's commits.
@@ -54,7 +58,8 @@ class MirrorJob:
                  dst_options: Mapping[str, Any] | None = None, misfire_grace_time: int = 60,
                  workers: int = DEFAULT_WORKERS, attempts: int = DEFAULT_ATTEMPTS,
                  base_delay: float = 0.2, on_report: Callable[[MirrorReport], None] | None = None,
-                 timezone: str = "UTC", run_ids: str | Iterable[str] | None = None) -> None:
+                 timezone: str = "UTC", run_ids: str | Iterable[str] | None = None,
+                 on_error: Callable[[Exception], None] | None = None) -> None:
         if every_n < 1:
             raise ConfigError(f"every_n must be >= 1, got {every_n}")
         if interval is not None and cron is not None:
@@ -71,6 +76,7 @@ class MirrorJob:
         self.keep_last = keep_last
         self.latest = latest
         self.on_report = on_report
+        self.on_error = on_error  # a pass that raised (the mirror unreachable): no report to give
         self.misfire_grace_time = misfire_grace_time
         self._trigger: Any = None
         if cron is not None:
@@ -100,6 +106,7 @@ class MirrorJob:
         self.overlaps = 0  # ticks/triggers that found a pass running and were folded into it
         self.last_report: MirrorReport | None = None
         self.errors = 0
+        self.last_error: Exception | None = None  # the last pass's, None once a pass completes
 
     # -- lifecycle
     def start(self) -> MirrorJob:
@@ -263,12 +270,16 @@ class MirrorJob:
                     full.seconds += report.seconds
                     full.retries += report.retries
                 report = full
-        except Exception:
+        except Exception as exc:
             self.errors += 1
+            self.last_error = exc
             logger.exception("mirror pass failed; the next tick tries again")
+            if self.on_error is not None:
+                self.on_error(exc)
             return None
         self.passes += 1
         self.last_report = report
+        self.last_error = None
         if report is not None:
             if not report.ok:
                 logger.warning("mirror pass incomplete: %s", "; ".join(report.missing[:3]))
