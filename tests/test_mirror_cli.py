@@ -83,3 +83,42 @@ def test_mirror_defaults_come_from_the_config_file(tmp_path: Path,
     assert main(["mirror", "--config", str(cfg), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["runs"][0]["status"] == "mirrored"
     assert CheckpointStore(str(tmp_path / "m")).load_run(RUN) is not None
+
+
+def test_a_mirror_holding_another_stores_history_of_a_run_is_a_conflict(tmp_path: Path) -> None:
+    """Two stores with one run id (the run restored from the mirror and continued there, the
+    original machine not lost after all), both mirrored to one URL. The pass of the store the
+    mirror's newest point did not come from saw a different file at that key, then called the
+    run not-due (exit 0): a restore from that mirror brings back the other store's run."""
+    import subprocess
+    import sys
+
+    from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
+
+    def history(url: str, result: str) -> None:
+        with CheckpointStore(url) as store:
+            run = AgentRun(run_id="shared", goal="g", created_at=0.0, updated_at=0.0)
+            for i in range(3):
+                run.add_step(Step(id=f"s{i}", title=f"s{i}"))
+            store.save_run(run)
+            for i in range(3):
+                step = run.steps[f"s{i}"]
+                step.status, step.result = StepStatus.COMPLETED, f"{result} {i}"
+                store.commit(run, [step])
+
+    a, b, m = (str(tmp_path / n) for n in ("a", "b", "mirror"))
+    history(a, "from a")
+    history(b, "from b")
+    cli = str(Path(sys.executable).parent / "ckptfs")
+    first = subprocess.run([cli, "mirror", b, m, "--once", "--no-progress"], capture_output=True,
+                           text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    got = subprocess.run([cli, "mirror", a, m, "--once", "--no-progress", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    doc = json.loads(got.stdout)
+    assert got.returncode == 1, got.stdout  # was 0, status not-due
+    assert doc["runs"][0]["status"] == "conflict" and "different file" in doc["runs"][0]["error"]
+    assert CheckpointStore(m).load_run("shared").steps["s0"].result == "from b 0"  # untouched
+    again = subprocess.run([cli, "mirror", b, m, "--once", "--no-progress"], capture_output=True,
+                           text=True, timeout=60)
+    assert again.returncode == 0 and "up-to-date" in again.stdout, again.stdout

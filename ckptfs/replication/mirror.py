@@ -151,9 +151,18 @@ class Mirror:
         res = RunResult(run_id, "mirrored", previous=previous, source_version=head)
         if dst_chain and previous >= head:
             last = dst_chain[-1].key
-            if last in src_keys and self._same_bytes(last):
-                res.status, res.version = "up-to-date", previous
-                res.snapshot = dst_chain[0].version if dst_chain[0].kind == "snap" else None
+            if last in src_keys:
+                if self._same_bytes(last):
+                    res.status, res.version = "up-to-date", previous
+                    res.snapshot = dst_chain[0].version if dst_chain[0].kind == "snap" else None
+                    return res
+                # The mirror's newest point is another lineage of this run (a store restored
+                # from the mirror and continued, then mirrored here): it was reported not-due,
+                # exit 0, while a restore from the mirror would bring back the other store's run.
+                res.status, res.version = "conflict", previous
+                res.error = (f"{last}: the mirror holds a different file under this name (another "
+                             f"store's history of run {run_id!r}?); never overwritten")
+                res.missing = [res.error]
                 return res
         if dst_chain and not latest and head - previous < every_n:
             res.status, res.version = "not-due", previous
