@@ -268,3 +268,36 @@ def test_a_long_lived_mirror_looks_again_for_artifacts_a_prune_of_the_mirror_too
         store.close()
     assert arts[0].exists()
     assert CheckpointStore(dst).load_run(RUN) is not None
+
+
+class Vanishing(Forwarding):
+    """A mirror whose run files vanish between a listing and a read, `times` times (the mirror
+    job's retention, or a prune of the mirror, deleting what a restore just listed)."""
+
+    def __init__(self, inner: Storage, times: int) -> None:
+        super().__init__(inner)
+        self.times = times
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        if self.times > 0 and parse_run_key(key) is not None:
+            self.times -= 1
+            raise FileNotFoundError(key)
+        return self.inner.get_with_etag(key)
+
+
+def test_a_restore_plans_again_when_a_mirror_file_vanishes_while_it_is_read(tmp_path: Path) -> None:
+    """`ckptfs restore` from a mirror whose job was pruning it exited 3: FileNotFoundError
+    escaped restore(). Now it plans again from a fresh listing (as a mirror pass does), and a
+    mirror that keeps changing is a run reported incomplete, not an exception."""
+    src = str(tmp_path / "src")
+    store = CheckpointStore(src, policy=POLICY, artifact_threshold=1024)
+    work(store, "r", 24)
+    m = str(tmp_path / "mirror")
+    assert mirror(src, m, latest=True).ok
+    rep = restore(Vanishing(open_storage(m), 1), str(tmp_path / "dst"), run_id="r")
+    assert rep.ok, [(r.status, r.error) for r in rep.runs]
+    assert state(CheckpointStore(str(tmp_path / "dst")), "r") == state(store, "r")
+    rep = restore(Vanishing(open_storage(m), 1000), str(tmp_path / "dst2"), run_id="r")
+    assert not rep.ok and rep.runs[0].status == "incomplete"
+    assert "kept changing" in (rep.runs[0].error or "")
+    assert not open_storage(str(tmp_path / "dst2")).list("runs/")  # nothing published

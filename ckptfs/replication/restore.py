@@ -82,8 +82,7 @@ def restore(src_url: StorageLike, dst_url: StorageLike, run_id: str | None = Non
             report.runs.append(restore_langgraph(m, lg_keys, prog))
         for rid in ids:
             try:
-                with gc_paused():
-                    report.runs.append(restore_run(m, rid, version, prog, staging_dir))
+                report.runs.append(_restore_run_listed(m, rid, version, prog, staging_dir))
             except StorageUnavailableError as exc:
                 report.runs.append(RunResult(rid, "incomplete", error=str(exc), missing=[str(exc)]))
         report.seconds = time.monotonic() - t0
@@ -91,6 +90,24 @@ def restore(src_url: StorageLike, dst_url: StorageLike, run_id: str | None = Non
         return report
     finally:
         m.close()
+
+
+def _restore_run_listed(m: Mirror, run_id: str, version: int | None, prog: Progress,
+                        staging_dir: str | None) -> RunResult:
+    """restore_run, planned again from a fresh listing when a file of the mirror vanished
+    between its listing and its read (the mirror job's retention, a prune of the mirror): that
+    happens before anything is published. It escaped as FileNotFoundError, `ckptfs restore`
+    exit 3 ("unexpected FileNotFoundError"); a mirror pass plans again the same way."""
+    for attempt in range(3):
+        try:
+            with gc_paused():
+                return restore_run(m, run_id, version, prog, staging_dir)
+        except FileNotFoundError as exc:
+            if attempt == 2:
+                return RunResult(run_id, "incomplete", error=f"the mirror kept changing: {exc}",
+                                 missing=[f"{exc}: vanished from the mirror while it was read"])
+            logger.info("run %s: a mirror file vanished (%s); planning again", run_id, exc)
+    raise AssertionError("unreachable")
 
 
 def restore_langgraph(m: Mirror, keys: list[str], prog: Progress) -> RunResult:
