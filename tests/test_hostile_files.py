@@ -11,7 +11,6 @@ of files whose mode says no). As another user the bits apply anyway and nothing 
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import os
@@ -25,6 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from _privileges import drop_dac
 
 from ckptfs import AgentRun, CheckpointStore, CkptfsError, CompactionPolicy, Step, StepStatus
 
@@ -32,9 +32,6 @@ TIMEOUT = 20.0
 CHILD_MEMORY = 1 << 30  # an address-space cap: enough for the CLI, not for /dev/zero
 # Snapshots often and no automatic retention, so `prune --keep-last 1` has work to do.
 DENSE = CompactionPolicy(fanout=2, max_plan=2, min_snapshot_bytes=1, keep_last=0, background=False)
-_LIBC = ctypes.CDLL(None, use_errno=True)  # bound before any fork: preexec_fn only calls it
-_PR_CAPBSET_DROP = 24
-_DAC_CAPS = (1, 2, 3)  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER
 
 _LOAD = """
 import json, sys
@@ -53,14 +50,6 @@ def _cli_path() -> str:
     assert found, "the ckptfs console script is not installed"
     return found
 
-
-def _drop_dac() -> None:
-    """preexec_fn: make permission bits bind this child even when it runs as root."""
-    if os.geteuid() != 0:
-        return
-    for cap in _DAC_CAPS:
-        if _LIBC.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
 
 
 def _cap_memory() -> None:
@@ -385,10 +374,10 @@ def test_unreadable_snapshot_falls_back(kind: str, tmp_path: Path) -> None:
         (url / "runs" / "good" / "snap" / "000000000099.ckpt").symlink_to(tmp_path / "gone.ckpt")
     else:
         _snaps(url / "runs" / "good")[-1].chmod(0)
-    loaded = _run(["load", str(url), "good"], tmp_path, preexec=_drop_dac)
+    loaded = _run(["load", str(url), "good"], tmp_path, preexec=drop_dac)
     assert loaded.returncode == 0, f"load_run raised: {_crash(loaded)}"
     assert json.loads(loaded.stdout)["version"] == newest
-    shown = _run(["show", str(url), "good"], tmp_path, preexec=_drop_dac)
+    shown = _run(["show", str(url), "good"], tmp_path, preexec=drop_dac)
     assert "Traceback" not in shown.stderr, f"ckptfs show crashed: {_crash(shown)}"
     assert shown.returncode == 0 and "ours-5" in shown.stdout, shown.stderr[-300:]
 
@@ -407,7 +396,7 @@ def _read_only(root: Path) -> None:
 
 @pytest.fixture
 def ro_store(tmp_path: Path, restore_permissions: None) -> tuple[Path, int]:
-    """A store with prunable files, made read-only for every child run with _drop_dac."""
+    """A store with prunable files, made read-only for every child run with drop_dac."""
     url = tmp_path / "ro"
     newest = _make_store(url, "good")
     _read_only(url)
@@ -419,7 +408,7 @@ def test_prune_on_read_only_store_is_one_clear_error(ro_store: tuple[Path, int],
     exit 2 and one line naming the store or the permission, and nothing deleted."""
     url, _ = ro_store
     before = _tree(url)
-    proc = _run(["prune", str(url), "--keep-last", "1"], tmp_path, preexec=_drop_dac)
+    proc = _run(["prune", str(url), "--keep-last", "1"], tmp_path, preexec=drop_dac)
     assert "Traceback" not in proc.stderr, f"prune crashed: {_crash(proc)}"
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, f"exit {proc.returncode}, stderr {lines[:3]}"
@@ -432,7 +421,7 @@ def test_mirror_from_read_only_source(ro_store: tuple[Path, int], tmp_path: Path
     "no write permission". The mirror (writable) must get the run, loadable there."""
     url, newest = ro_store
     proc = _run(["mirror", str(url), str(tmp_path / "mirror"), "--latest", "--no-progress"], tmp_path,
-                preexec=_drop_dac)
+                preexec=drop_dac)
     assert proc.returncode == 0, f"mirror exit {proc.returncode}: {proc.stderr.strip()[-200:]}"
     run, version = _load(tmp_path / "mirror", "good")
     assert (version, run.completed_count) == (newest, 6)
@@ -444,7 +433,7 @@ def test_read_commands_work_on_read_only_store(command: str, ro_store: tuple[Pat
     """verify, runs and show only read: a read-only store is an ordinary store for them."""
     url, _ = ro_store
     args = [command, str(url)] + (["good"] if command == "show" else [])
-    proc = _run(args, tmp_path, preexec=_drop_dac)
+    proc = _run(args, tmp_path, preexec=drop_dac)
     assert "Traceback" not in proc.stderr, f"{command} crashed: {_crash(proc)}"
     assert proc.returncode == 0, f"{command} exit {proc.returncode}: {proc.stderr.strip()[-200:]}"
 

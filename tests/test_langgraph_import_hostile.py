@@ -10,7 +10,6 @@ test_hostile_files.py), so the kernel checks the bits for it.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _privileges import drop_dac
 from langgraph.checkpoint.sqlite import SqliteSaver
 from test_cli_commands import cli, cli_json
 from test_cli_terminal import in_terminal
@@ -26,26 +26,13 @@ from test_langgraph_import import START_STATE, build, fill, history
 from ckptfs import AgentRun, CheckpointStore, Step
 from ckptfs.integrations.langgraph import CkptfsSaver
 
-_LIBC = ctypes.CDLL(None, use_errno=True)  # bound before any fork: preexec_fn only calls it
-_PR_CAPBSET_DROP = 24
-_DAC_CAPS = (1, 2, 3)  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER
-
-
-def _drop_dac() -> None:
-    """preexec_fn: make permission bits bind this child even when it runs as root."""
-    if os.geteuid() != 0:
-        return
-    for cap in _DAC_CAPS:
-        if _LIBC.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
-
 
 def _cli_bound(*args: str) -> tuple[int, str, str]:
     """The real `ckptfs`, with permission bits binding it."""
     script = Path(sys.executable).parent / "ckptfs"
     env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTFS_")}
     proc = subprocess.run([str(script), *args], capture_output=True, text=True, timeout=60,
-                          env={**env, "COLUMNS": "250"}, preexec_fn=_drop_dac)
+                          env={**env, "COLUMNS": "250"}, preexec_fn=drop_dac)
     return proc.returncode, proc.stdout, proc.stderr
 
 
