@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _privileges import drop_dac
 
 CLI = str(Path(sys.executable).parent / "ckptfs")
 
@@ -82,18 +83,6 @@ def test_a_credential_in_the_environment_is_shown_redacted(tmp_path: Path, line:
     assert table.returncode == 0 and secret not in table.stdout + table.stderr
 
 
-def _without_dac_override() -> list[str]:
-    """As root, permissions are not checked: drop the capabilities that skip them (setpriv)."""
-    import shutil
-
-    if os.geteuid() != 0:
-        return []
-    if shutil.which("setpriv") is None:
-        pytest.skip("root without setpriv: an unreadable file cannot be made")
-    caps = "-dac_override,-dac_read_search,-fowner"
-    return ["setpriv", f"--bounding-set={caps}", f"--inh-caps={caps}"]
-
-
 def test_a_config_path_that_is_no_readable_file_is_one_line_exit_2(tmp_path: Path) -> None:
     (tmp_path / "a-directory").mkdir()
     os.mkfifo(tmp_path / "a-fifo")  # opened, it would block every command forever
@@ -116,13 +105,12 @@ def test_a_config_path_that_is_no_readable_file_is_one_line_exit_2(tmp_path: Pat
                 assert json.loads(got.stdout)["error"]["code"] == "config"
         env_got = ckptfs("runs", cwd=tmp_path, env={"CKPTFS_CONFIG": name})
         assert env_got.returncode == 2 and f"($CKPTFS_CONFIG) {why}" in env_got.stderr
-    prefix = _without_dac_override()
     for argv, via in ((["--config", "unreadable.toml"], "(--config)"), ([], "(the default)")):
         if not argv:
             (tmp_path / "config").mkdir()
             os.rename(unreadable, tmp_path / "config" / "ckptfs.toml")
-        got = subprocess.run([*prefix, CLI, "runs", *argv, "--json"], capture_output=True, text=True,
-                             cwd=tmp_path, timeout=60,
+        got = subprocess.run([CLI, "runs", *argv, "--json"], capture_output=True, text=True,
+                             cwd=tmp_path, timeout=60, preexec_fn=drop_dac,
                              env={k: v for k, v in os.environ.items() if not k.startswith("CKPTFS_")})
         assert got.returncode == 2, got.stderr  # was 3: "unexpected PermissionError"
         assert f"{via} cannot be read: Permission denied" in got.stderr
