@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from test_cli_commands import cli
 from test_mirror import POLICY, RUN, work
 
 from backends.s3.embedded import EmbeddedS3, free_port
@@ -48,21 +49,22 @@ def test_mirror_and_restore_commands(tmp_path: Path, s3: EmbeddedS3, s3_url: str
 
 
 def test_usage_errors_and_unreachable_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    src = str(tmp_path / "src")
+    src, m = str(tmp_path / "src"), str(tmp_path / "m")
     assert main(["mirror", src]) == 2
     assert "no mirror destination" in capsys.readouterr().err
-    assert main(["restore", "memory://m", src, "--version", "3"]) == 2
+    assert main(["restore", m, src, "--version", "3"]) == 2
     assert "--version needs --run" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
-        main(["mirror", src, "memory://m", "--every-n", "0"])
+        main(["mirror", src, m, "--every-n", "0"])
     assert exc.value.code == 2
     with pytest.raises(SystemExit) as exc:
-        main(["mirror", src, "memory://m", "--interval", "5m", "--cron", "* * * * *"])
+        main(["mirror", src, m, "--interval", "5m", "--cron", "* * * * *"])
     assert exc.value.code == 2
-    assert main(["mirror", src, "memory://m", "--interval", "soon"]) == 2
+    assert main(["mirror", src, m, "--interval", "soon"]) == 2
     # nothing stored at SRC: exit 2 before anything is sent
-    assert main(["mirror", src, "memory://m", "--once", "--no-progress"]) == 2
+    assert main(["mirror", src, m, "--once", "--no-progress"]) == 2
     assert "nothing is stored at" in capsys.readouterr().err
+    assert not Path(m).exists()
     work(CheckpointStore(src, policy=POLICY, artifact_threshold=1024), RUN, 3)
     port = free_port()
     code = main(["mirror", src, "s3://ckptfs-x/m", "--attempts", "1", "--no-progress",
@@ -122,3 +124,30 @@ def test_a_mirror_holding_another_stores_history_of_a_run_is_a_conflict(tmp_path
     again = subprocess.run([cli, "mirror", b, m, "--once", "--no-progress"], capture_output=True,
                            text=True, timeout=60)
     assert again.returncode == 0 and "up-to-date" in again.stdout, again.stdout
+
+
+def test_a_memory_destination_is_refused_by_the_executable(tmp_path: Path) -> None:
+    """`ckptfs mirror SRC memory://m` printed a table of files mirrored, exit 0, and
+    `ckptfs restore MIRROR memory://r` said the run was restored: each process's memory:// is its
+    own and ends with it, so nothing was kept. Both are bad input now (exit 2, one line naming
+    the URL and where it came from), refused before anything is read or sent."""
+    src, mirror_dir = tmp_path / "src", tmp_path / "mirror"
+    work(CheckpointStore(str(src), policy=POLICY, artifact_threshold=1024), RUN, 3)
+    before = sorted(p.relative_to(src) for p in src.rglob("*"))
+    code, out, err = cli("mirror", str(src), "memory://m", "--once", "--no-progress")
+    assert code == 2 and "memory://m is this process's memory" in err and "mirror" in err, (out, err)
+    assert out == "", out
+    config = tmp_path / "ckptfs.toml"
+    config.write_text('[mirror]\nurl = "memory://from-config"\n')
+    code, out, err = cli("mirror", str(src), "--once", "--no-progress", "--config", str(config))
+    assert code == 2 and "memory://from-config (from" in err and "mirror.url" in err, (out, err)
+    # the real chain still works beside it: mirror to a directory, restore from it
+    assert cli("mirror", str(src), str(mirror_dir), "--once", "--no-progress")[0] == 0
+    code, out, err = cli("restore", str(mirror_dir), "memory://r", "--no-progress", "--json")
+    assert code == 2, (out, err)
+    doc = json.loads(out)
+    assert not doc["ok"] and "memory://r is this process's memory" in doc["error"]["message"]
+    assert sorted(p.relative_to(src) for p in src.rglob("*")) == before  # SRC untouched
+    code, out, err = cli("restore", str(mirror_dir), str(tmp_path / "back"), "--no-progress")
+    assert code == 0, (out, err)
+    assert CheckpointStore(str(tmp_path / "back")).load_run(RUN) == CheckpointStore(str(src)).load_run(RUN)

@@ -111,6 +111,16 @@ def open_existing(target: Target) -> Storage:
     return storage
 
 
+def refuse_process_memory(url: str, shown: str, command: str) -> None:
+    """A destination that dies with this process is bad input (exit 2): `mirror`, `restore` and
+    `import-langgraph` into memory:// said what they had copied, exit 0, and kept nothing."""
+    from ckptfs.storage.registry import lives_in_process
+
+    if lives_in_process(url):
+        raise CliError(f"{shown} is this process's memory: what {command} copies there is gone "
+                       "when it exits; give a directory or an s3:// URL")
+
+
 def holds_anything(storage: Storage) -> bool:
     """One cheap listing (the top-level names): does the store hold anything at all?"""
     from ckptfs.errors import StorageUnavailableError

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from ckptfs.cli._common import EXIT_OK, EXIT_PROBLEMS, CliError, emit_json, err, out, warn
 from ckptfs.cli._logging import SCRUBBER
-from ckptfs.cli._options import add_json_arg, add_store_args, store_target
+from ckptfs.cli._options import add_json_arg, add_store_args, refuse_process_memory, store_target
 from ckptfs.cli._render import clip
 
 
@@ -58,9 +58,7 @@ def cmd_import_langgraph(args: argparse.Namespace) -> int:
     target = store_target(args)
     if not target.url:
         raise CliError("no store URL: give URL, --config with store.url, or $CKPTFS_URL")
-    if target.url.startswith("memory://"):  # it would say "imported" and keep nothing
-        raise CliError(f"{target.describe()} is this process's memory: what import-langgraph copies "
-                       "there is gone when it exits; give a directory or an s3:// URL")
+    refuse_process_memory(target.url, target.describe(), "import-langgraph")
     try:
         source = open_source(args.source)
     except ImportError as exc:

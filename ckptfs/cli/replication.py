@@ -35,6 +35,7 @@ from ckptfs.cli._options import (
     merge_options,
     open_existing,
     parse_items,
+    refuse_process_memory,
     storage_options_from_args,
 )
 from ckptfs.errors import ConfigError
@@ -204,6 +205,8 @@ def _cmd_mirror(args: argparse.Namespace) -> int:
     dst = args.dst or m.url
     if not dst:
         raise CliError("no mirror destination: give DST, or set mirror.url (or $CKPTFS_MIRROR_URL)")
+    dst_origin = "argument" if args.dst else settings.origin_of("mirror.url")
+    refuse_process_memory(dst, Target(dst, dst_opts, dst_origin, settings).describe(), "mirror")
     every_n = args.every_n if args.every_n is not None else m.every_n
     keep_last = args.keep_last if args.keep_last is not None else m.keep_last
     latest = args.latest or m.latest
@@ -320,6 +323,8 @@ def _cmd_restore(args: argparse.Namespace) -> int:
     source = _source(args.src, settings.mirror.url, settings.origin_of("mirror.url"), src_opts, settings,
                      "no mirror to restore from: give SRC, or set mirror.url (or $CKPTFS_MIRROR_URL)")
     dst = args.dst or settings.store.url
+    dst_origin = "argument" if args.dst else settings.origin_of("store.url")
+    refuse_process_memory(dst, Target(dst, dst_opts, dst_origin, settings).describe(), "restore")
     if args.version is not None and not args.run:
         raise CliError("--version needs --run: versions are per run")
     _check_restorable(source, args.run, args.version)

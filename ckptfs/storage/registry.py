@@ -68,6 +68,15 @@ def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     return FsspecStorage(url, fs, root, opts)
 
 
+def lives_in_process(url: str) -> bool:
+    """Whether the backend a URL names keeps nothing past this process (memory:// today), asked
+    without opening it: a command that writes there from the CLI would report what it copied and
+    keep none of it, so destinations of mirror, restore and import-langgraph refuse such a URL."""
+    if not isinstance(url, str) or "://" not in url:
+        return False
+    return urlsplit(url).scheme.lower() == "memory"
+
+
 def open_target(target: str | Storage, storage_options: Mapping[str, Any] | None = None) -> Storage:
     """A Storage for `target`: a URL is opened, a Storage is used as it is."""
     if isinstance(target, Storage):
