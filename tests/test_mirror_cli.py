@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
-from test_cli_commands import cli
+from _privileges import drop_dac
+from test_cli_commands import CLI, cli
 from test_mirror import POLICY, RUN, work
 
 from backends.s3.embedded import EmbeddedS3, free_port
@@ -151,3 +154,33 @@ def test_a_memory_destination_is_refused_by_the_executable(tmp_path: Path) -> No
     code, out, err = cli("restore", str(mirror_dir), str(tmp_path / "back"), "--no-progress")
     assert code == 0, (out, err)
     assert CheckpointStore(str(tmp_path / "back")).load_run(RUN) == CheckpointStore(str(src)).load_run(RUN)
+
+
+def test_a_read_only_destination_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """`ckptfs restore MIRROR DIR` into an existing directory this user cannot write printed a
+    table, then one 'cannot write' line per file of the run (every artifact, every version),
+    exit 1. Now, before anything is read from the mirror: one line naming the directory, exit 2,
+    JSON code not-writable; the directory stays empty. `mirror` into one likewise. Permission
+    bits bind the child even when the suite runs as root (drop_dac)."""
+    src, mirror_dir, ro = tmp_path / "src", tmp_path / "mirror", tmp_path / "ro"
+    work(CheckpointStore(str(src), policy=POLICY, artifact_threshold=1024), RUN, 3)
+    assert cli("mirror", str(src), str(mirror_dir), "--once", "--no-progress")[0] == 0
+    ro.mkdir()
+    ro.chmod(0o555)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTFS_")}
+    try:
+        for argv in (["restore", str(mirror_dir), str(ro)], ["mirror", str(src), str(ro), "--once"]):
+            got = subprocess.run([CLI, *argv, "--no-progress", "--json"], capture_output=True, text=True,
+                                 timeout=60, preexec_fn=drop_dac, env=env, cwd=tmp_path)
+            assert got.returncode == 2, (argv, got.stdout, got.stderr)
+            assert got.stderr.strip().splitlines() == [
+                f"error: {ro}: no write permission on {ro} (a read-only directory or filesystem, "
+                "or not this user's?)"], got.stderr
+            doc = json.loads(got.stdout)
+            assert doc["error"]["code"] == "not-writable" and doc["exit_code"] == 2, doc
+            assert list(ro.iterdir()) == []
+    finally:
+        ro.chmod(0o755)
+    code, out, err = cli("restore", str(mirror_dir), str(ro), "--no-progress")  # writable again
+    assert code == 0, (out, err)
+    assert CheckpointStore(str(ro)).load_run(RUN) == CheckpointStore(str(src)).load_run(RUN)

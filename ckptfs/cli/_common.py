@@ -33,6 +33,7 @@ from ckptfs.errors import (
     InvalidIdError,
     RunNotFoundError,
     StorageUnavailableError,
+    StoreNotWritableError,
     VersionNotFoundError,
 )
 
@@ -49,9 +50,9 @@ EXIT_INTERRUPTED = 130
 
 # error code -> exit code
 ERROR_EXIT = {"usage": EXIT_USAGE, "config": EXIT_USAGE, "not-found": EXIT_USAGE, "empty": EXIT_USAGE,
-              "unreachable": EXIT_USAGE, "no-space": EXIT_USAGE, "corrupt": EXIT_PROBLEMS,
-              "conflict": EXIT_PROBLEMS, "lease-held": EXIT_PROBLEMS, "interrupted": EXIT_INTERRUPTED,
-              "internal": EXIT_INTERNAL}
+              "unreachable": EXIT_USAGE, "not-writable": EXIT_USAGE, "no-space": EXIT_USAGE,
+              "corrupt": EXIT_PROBLEMS, "conflict": EXIT_PROBLEMS, "lease-held": EXIT_PROBLEMS,
+              "interrupted": EXIT_INTERRUPTED, "internal": EXIT_INTERNAL}
 
 
 class Output:
@@ -136,6 +137,8 @@ def run_command(args: argparse.Namespace) -> int:
         return fail(exc.kind, str(exc), exc.code, exc.extra)
     except (VersionNotFoundError, RunNotFoundError) as exc:
         return fail("not-found", str(exc))
+    except StoreNotWritableError as exc:  # reachable, but this user or mount cannot write there
+        return fail("not-writable", str(exc))
     except StorageUnavailableError as exc:
         return fail("unreachable", str(exc))
     except ConfigError as exc:

@@ -101,9 +101,11 @@ class Mirror:
         self.pool.shutdown(wait=True)
 
     def check(self) -> None:
-        """Both ends reachable: a usage-level failure (exit 2), before anything is copied."""
+        """Both ends reachable and DST writable as far as that is known without writing: a
+        usage-level failure (exit 2), before anything is copied."""
         self.src.check()
         self.dst.check()
+        self.dst.check_writable()
 
     def pass_(self, run_id: str | Iterable[str] | None, every_n: int, latest: bool,
               keep_last: int | None, progress: Progress) -> MirrorReport:

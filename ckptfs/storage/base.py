@@ -207,6 +207,13 @@ class Storage(ABC):
         """Reach the backend once; raise StorageUnavailableError with a clear reason if not."""
         self.list_dirs("")
 
+    def check_writable(self) -> None:
+        """Raise StoreNotWritableError when this store visibly cannot take a write at all, before
+        a command that must write (mirror, restore) starts: it then says so in one line, exit 2,
+        instead of a line per file. Only what is known without writing is checked, and nothing
+        here by default: on S3 a write's answer is the test (a policy may allow some prefixes
+        and not others, which no probe of one key tells)."""
+
     def close(self) -> None:
         """Release cached handles; the storage stays usable."""
 

@@ -622,6 +622,13 @@ class LocalStorage(Storage):
             raise StorageUnavailableError(f"{self.display_url}: does not exist, and there is no "
                                           f"write permission on {parent} to create it")
 
+    def check_writable(self) -> None:
+        """An existing root this user cannot write in (permission bits, a read-only mount):
+        access(2) answers both without writing a byte. A root still to be made is `check`'s."""
+        if os.path.isdir(self.root) and not os.access(self.root, os.W_OK | os.X_OK):
+            raise StoreNotWritableError(f"{self.display_url}: no write permission on {self.root} "
+                                        "(a read-only directory or filesystem, or not this user's?)")
+
 
 # --------------------------------------------------------------------------------- fsspec
 

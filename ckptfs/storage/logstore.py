@@ -737,6 +737,9 @@ class LogStorage(Storage):
     def check(self) -> None:
         self.inner.check()
 
+    def check_writable(self) -> None:
+        self.inner.check_writable()
+
     def close(self) -> None:
         """Close the open logs; the storage stays usable (callers in flight look groups up again)."""
         with self._lock:

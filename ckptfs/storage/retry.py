@@ -287,5 +287,8 @@ class RetryingStorage(Storage):
     def check(self) -> None:
         self._call("check", "", self.inner.check)
 
+    def check_writable(self) -> None:
+        self.inner.check_writable()  # a local question, nothing to retry
+
     def close(self) -> None:
         self.inner.close()
