@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptfs.format import codec
 from ckptfs.format.models import Step, ToolCall
 from ckptfs.store.checkpoint_store import CheckpointStore
 
@@ -25,12 +26,56 @@ UNKEPT = "unkept"
 
 
 def canonical_json(arguments: Mapping[str, Any]) -> str:
-    """Arguments as JSON with sorted keys and no spaces: equal arguments give equal text."""
+    """Arguments as JSON with sorted keys and no spaces: equal arguments give equal text.
+
+    Refused (TypeError naming the argument) unless they are values the store keeps and a load
+    gives back equal: `json.dumps` alone takes a tuple, an int or bool key and a lone
+    surrogate, which the tool log's record then refuses. That refusal came only after the
+    call, when the paid result (and the record saying it was paid, which carries the same
+    arguments) could not be logged, so every replay paid again. Arguments no stored call
+    ever had change no stored cache key.
+    """
+    got = codec.json_problem(arguments, "arguments")
+    if got is not None:
+        raise TypeError(f"tool arguments must be JSON values a load gives back equal: {got.path}: "
+                        f"{got.reason}")
     try:
-        return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+        text = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                           allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"tool arguments must be JSON values (str keys, finite numbers): {exc}") from None
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            raise TypeError(f"tool arguments must be JSON values: {_surrogate_path(arguments, 'arguments')}: "
+                            "a lone surrogate, which has no UTF-8 (decode the text with "
+                            "errors='replace', or keep the bytes as an artifact)") from None
+    return text
+
+
+def _surrogate_path(value: Any, path: str) -> str:
+    """Where the first string that UTF-8 cannot encode is (a key or a value), for the message."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        v, p = stack.pop()
+        if isinstance(v, str):
+            if not v.isascii():
+                try:
+                    v.encode()
+                except UnicodeEncodeError:
+                    return p
+        elif isinstance(v, Mapping):
+            for k, x in reversed(list(v.items())):
+                if isinstance(k, str) and not k.isascii():
+                    try:
+                        k.encode()
+                    except UnicodeEncodeError:
+                        return f"{p} (a key)"
+                stack.append((x, f"{p}.{k}"))
+        elif isinstance(v, list):
+            stack.extend((x, f"{p}[{i}]") for i, x in reversed(list(enumerate(v))))
+    return path
 
 
 def cache_key(tool_name: str, arguments: Mapping[str, Any]) -> str:

@@ -96,7 +96,16 @@ class IdempotentToolRunner:
             raise ValueError("tool_name must be a non-empty string")
         if not isinstance(arguments, Mapping):
             raise TypeError(f"arguments of tool {tool_name!r} must be a dict, got {type(arguments).__name__}")
-        key = cache_key(tool_name, arguments)
+        try:
+            tool_name.encode()
+        except UnicodeEncodeError:
+            raise ValueError(f"tool_name {tool_name!r} holds a lone surrogate, which has no UTF-8: "
+                             "the tool log could not store it") from None
+        try:
+            key = cache_key(tool_name, arguments)
+        except TypeError as exc:  # before the call: refused here, nothing is paid or written
+            raise TypeError(f"tool {tool_name!r} of step {self.step_id!r}: {exc}; refused before "
+                            "the call, nothing was written") from None
         idem = idempotency_key(self.run_id, self.step_id, self._index, key)
         self._index += 1
         return key, idem

@@ -1,0 +1,68 @@
+"""Seams of the agent runtime found by a hostile review: each test is a defect that was real.
+
+Tool arguments the store would refuse, a run's totals that counted a step twice after a
+crash, ...: each is checked against a real store on local disk, the paid calls counted
+outside the store.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckptfs import CheckpointedAgent, CheckpointStore, Step, ToolCall
+from ckptfs.runtime.tools import IdempotentToolRunner
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("args, where", [
+    ({"x": (1, 2)}, "arguments.x"),                 # a tuple: a load returns a list
+    ({"x": {1: "a"}}, "arguments.x"),               # an int key: a load returns "1"
+    ({"x": {True: 1}}, "arguments.x"),              # a bool key
+    ({"x": ["ok", {"y": frozenset()}]}, "arguments.x[1].y"),
+    ({"x": "\ud800"}, "arguments.x"),               # a lone surrogate: no UTF-8 for it
+    ({"\udc80": 1}, "arguments"),
+])
+def test_arguments_the_store_would_refuse_are_refused_before_the_call(
+        tmp_path: Path, args: dict[str, Any], where: str) -> None:
+    """json.dumps takes a tuple or an int key, the store does not: the call was paid, then its
+    record (and the 'unkept' record meant to say it was paid, which carries the same
+    arguments) was refused, so the log held nothing and every resume paid again."""
+    store = CheckpointStore(str(tmp_path / "s"))
+    agent = CheckpointedAgent(store)
+    run = agent.start_run("g", [Step(id="s", title="t")], run_id="r")
+    paid: list[int] = []
+    runner = IdempotentToolRunner(agent, run.run_id, "s")
+    with pytest.raises(TypeError) as err:
+        runner.run("tool", args, lambda **kw: paid.append(1))
+    assert paid == []
+    assert where in str(err.value) and "tool 'tool'" in str(err.value)
+    assert store.get_tool_call_history("r", "s") == []
+    # the same runner goes on with a call the store can keep
+    assert runner.run("tool", {"x": [1, 2]}, lambda x: sum(x)) == 3
+    assert [c.phase for c in CheckpointStore(str(tmp_path / "s")).get_tool_call_history("r", "s")] == [
+        "completed"]
+
+
+def test_a_step_with_unstorable_arguments_is_never_paid_for_across_resumes(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path / "s"))
+    paid: list[int] = []
+
+    def ex(step: Step, prior: list[ToolCall]) -> str:
+        return str(agent.tools().run("charge", {"items": ("a", "b")}, lambda items: paid.append(1)))
+
+    agent = CheckpointedAgent(store)
+    run = agent.start_run("g", [Step(id="s", title="t")], run_id="r")
+    for _ in range(3):
+        agent.execute_run(run, ex)  # a TypeError: the step fails at once, as for NaN arguments
+        assert run.steps["s"].status.value == "failed"
+        assert "arguments.items" in (run.steps["s"].error or "")
+        agent = CheckpointedAgent(CheckpointStore(str(tmp_path / "s")))
+        got = agent.resume_run("r", retry_failed=True)
+        assert got is not None
+        run = got
+    assert paid == []
+
