@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from ckptfs import CheckpointedAgent, CheckpointStore, Step, ToolCall
-from ckptfs.runtime.tools import IdempotentToolRunner
+from ckptfs.errors import RunStoppedError
+from ckptfs.runtime.tools import ARGUMENTS_NOT_KEPT, UNKEPT, IdempotentToolRunner
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,3 +67,29 @@ def test_a_step_with_unstorable_arguments_is_never_paid_for_across_resumes(tmp_p
         run = got
     assert paid == []
 
+
+def test_a_paid_call_with_arguments_too_large_to_store_is_not_paid_again(tmp_path: Path) -> None:
+    """Arguments of 2 MB against `max_decoded_bytes` of 1 MB: the call is paid, its record is
+    refused by size, and so was the 'unkept' record with the same arguments; the log held
+    nothing, and each resume paid again. Now the paid record is kept without its arguments,
+    and a resume asks for a guard instead of paying."""
+    url = str(tmp_path / "s")
+    paid: list[int] = []
+
+    def ex(step: Step, prior: list[ToolCall]) -> str:
+        return str(agent.tools().run("tool", {"doc": "x" * 2_000_000},
+                                     lambda doc: paid.append(1) or "ok"))
+
+    agent = CheckpointedAgent(CheckpointStore(url, max_decoded_bytes=1_000_000))
+    run = agent.start_run("g", [Step(id="s", title="t")], run_id="r")
+    for _ in range(2):
+        with pytest.raises(RunStoppedError):
+            agent.execute_run(run, ex)
+        agent = CheckpointedAgent(CheckpointStore(url, max_decoded_bytes=1_000_000))
+        got = agent.resume_run("r")
+        assert got is not None
+        run = got
+    assert paid == [1]
+    (call,) = CheckpointStore(url).get_tool_call_history("r", "s")
+    assert call.phase == UNKEPT and "RecordTooLargeError" in (call.error or "")
+    assert call.arguments == {ARGUMENTS_NOT_KEPT: "the arguments were too large for the store to keep"}

@@ -34,6 +34,9 @@ __all__ = ["UNKEPT", "Done", "IdempotentToolRunner", "ToolLogState", "Unconfirme
 
 logger = logging.getLogger(__name__)
 
+# The key that stands in for the arguments of an `UNKEPT` record the store refused with them.
+ARGUMENTS_NOT_KEPT = "ckptfs.arguments_not_kept"
+
 
 class UnconfirmedActionError(CkptfsError):
     """A call may have taken effect, or did, and the log cannot give back its outcome: an
@@ -269,7 +272,11 @@ class IdempotentToolRunner:
         try:
             self._log(self._record(tool_name, arguments, key, idem, "completed", result, started=started))
         except (TypeError, UnstorableValueError) as exc:
-            self._log(self._unkept(tool_name, arguments, key, idem, exc, started))
+            unkept = self._unkept(tool_name, arguments, key, idem, exc, started)
+            try:
+                self._log(unkept)
+            except UnstorableValueError:  # the arguments are what the store refuses (their size)
+                self._log(self._bare(unkept))
             raise
         self.agent.after_tool_call(self.run_id, self.step_id, checkpoint)
         return result
@@ -306,7 +313,11 @@ class IdempotentToolRunner:
             await self._alog(self._record(tool_name, arguments, key, idem, "completed", result,
                                           started=started))
         except (TypeError, UnstorableValueError) as exc:
-            await self._alog(self._unkept(tool_name, arguments, key, idem, exc, started))
+            unkept = self._unkept(tool_name, arguments, key, idem, exc, started)
+            try:
+                await self._alog(unkept)
+            except UnstorableValueError:
+                await self._alog(self._bare(unkept))
             raise
         await self.agent.aafter_tool_call(self.run_id, self.step_id, checkpoint)
         return result
@@ -319,6 +330,18 @@ class IdempotentToolRunner:
                        self.step_id, tool_name, exc)
         return self._record(tool_name, arguments, key, idem, UNKEPT,
                             error=f"result not kept: {error_text(exc)}", started=started)
+
+    @staticmethod
+    def _bare(unkept: ToolCall) -> ToolCall:
+        """The `UNKEPT` record without the arguments, for when they are what the store refuses.
+
+        Arguments checked before the call can still be refused by size alone (a record over
+        the store's `max_decoded_bytes`), and the record saying the call was paid carries them
+        too: refused as well, nothing said the call was paid and every replay paid again. The
+        index finds a call by its cache key, which the record keeps, so it needs no arguments.
+        """
+        note = {ARGUMENTS_NOT_KEPT: "the arguments were too large for the store to keep"}
+        return unkept.model_copy(update={"arguments": note})
 
     def _log(self, call: ToolCall) -> None:
         self.agent.record_tool_call(self.run_id, self.step_id, call)
