@@ -7,16 +7,29 @@ outside the store.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ckptfs import CheckpointedAgent, CheckpointStore, Step, ToolCall
-from ckptfs.errors import RunStoppedError
-from ckptfs.runtime.tools import ARGUMENTS_NOT_KEPT, UNKEPT, IdempotentToolRunner
-
 ROOT = Path(__file__).resolve().parent.parent
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+
+from ckptfs import (  # noqa: E402
+    CheckpointedAgent,
+    CheckpointPolicy,
+    CheckpointStore,
+    Step,
+    StepResult,
+    ToolCall,
+)
+from ckptfs.errors import RunStoppedError  # noqa: E402
+from ckptfs.runtime.tools import ARGUMENTS_NOT_KEPT, UNKEPT, IdempotentToolRunner  # noqa: E402
 
 
 @pytest.mark.parametrize("args, where", [
@@ -93,3 +106,53 @@ def test_a_paid_call_with_arguments_too_large_to_store_is_not_paid_again(tmp_pat
     (call,) = CheckpointStore(url).get_tool_call_history("r", "s")
     assert call.phase == UNKEPT and "RecordTooLargeError" in (call.error or "")
     assert call.arguments == {ARGUMENTS_NOT_KEPT: "the arguments were too large for the store to keep"}
+
+
+def papers_child(url: str, side: str, kill_at: int) -> None:
+    """Ten steps, each with a paid call counted in `side`, every 5 steps committed; SIGKILL
+    itself once step `kill_at` made its call (0: never), as a crash before the step returns."""
+    agent = CheckpointedAgent(CheckpointStore(url), policy=CheckpointPolicy.every_n_steps(5))
+    run = agent.resume_run("papers") or agent.start_run(
+        "g", [Step(id=f"p{i:02d}", title=str(i)) for i in range(1, 11)], run_id="papers")
+
+    def paid(paper: str) -> str:
+        with open(side, "a") as f:
+            f.write(paper + "\n")
+        return f"summary of {paper}"
+
+    def ex(step: Step, prior: list[ToolCall]) -> StepResult:
+        out = agent.tools().run("extract", {"paper": step.id}, paid)
+        if int(step.id[1:]) == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return StepResult(out, tokens=100, cost_usd=0.25)
+
+    agent.execute_run(run, ex)
+    agent.store.close()
+
+
+def test_a_crash_under_every_n_does_not_count_a_deferred_steps_spend_twice(tmp_path: Path) -> None:
+    """every_n_steps(5): step 6 finishes (100 tokens, $0.25) and waits for the 5th; step 7's
+    first tool call commits its RUNNING mark, with the run's totals, which already held step
+    6's spend, but not step 6. SIGKILL; the resume runs step 6 again and adds its spend again:
+    the run said 1,100 tokens and $2.75 for ten steps of 100 tokens and $0.25. The commit now
+    carries the finished steps its totals count."""
+    url, side = str(tmp_path / "s"), str(tmp_path / "paid")
+    cmd = [sys.executable, __file__, "child", url, side]
+    first = subprocess.run([*cmd, "7"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert first.returncode == -signal.SIGKILL, first.stderr[-2000:]
+    crashed = CheckpointStore(url).load_run("papers")
+    assert crashed is not None
+    done = [s for s in crashed.steps.values() if s.status.value == "completed"]
+    assert crashed.total_tokens == sum(s.tokens for s in done)  # what a load says is consistent
+    second = subprocess.run([*cmd, "0"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr[-2000:]
+    run = CheckpointStore(url).load_run("papers")
+    assert run is not None and run.status == "completed"
+    assert sum(s.tokens for s in run.steps.values()) == 1000
+    assert (run.total_tokens, round(run.total_cost_usd, 6)) == (1000, 2.5)
+    papers = Path(side).read_text().split()
+    assert sorted(papers) == sorted(set(papers)) and len(papers) == 10  # no call paid twice
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["child"]:
+    papers_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))

@@ -397,7 +397,7 @@ class CheckpointedAgent:
             self._emit(ex, "step_started", step)
         if ex.policy.commits_attempt_start:
             ex.marked.add(step.id)
-            return [step]
+            return ex.take([step])  # with what its totals count: see `_tool_plan`
         return None
 
     def _account(self, ex: Execution, step: Step, tokens0: int, cost0: float) -> None:
@@ -666,7 +666,11 @@ class CheckpointedAgent:
             if step_id in ex.marked:
                 return None
             ex.marked.add(step_id)
-            return ex, [step]  # the lazy RUNNING mark: attempt count durable before a real call
+            # The lazy RUNNING mark: attempt count durable before a real call. It carries the
+            # finished steps not yet committed too (every_n, milestone): a commit writes the
+            # run's totals, which already count their spend, so without them a crash made the
+            # resume run them again and count their tokens and cost twice. It costs no commit.
+            return ex, ex.take([step])
         if force or ex.policy.granularity == "tool_call":
             return ex, ex.take([step])
         return None
