@@ -156,3 +156,55 @@ def test_a_crash_under_every_n_does_not_count_a_deferred_steps_spend_twice(tmp_p
 
 if __name__ == "__main__" and sys.argv[1:2] == ["child"]:
     papers_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+
+
+def test_a_step_output_with_a_lone_surrogate_stops_the_run_like_a_nan_cost(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A result text with a lone surrogate (text decoded with errors='surrogateescape') was
+    marked done, then refused at commit: a bare UnstorableValueError naming 'Step', a second
+    refusal logged with its traceback while 'stopping', and the stored run still 'running'.
+    Now it is refused before the step is touched and the run stops there, as for a NaN cost."""
+    url = str(tmp_path / "s")
+    agent = CheckpointedAgent(CheckpointStore(url))
+    run = agent.start_run("g", [Step(id="s", title="t")], run_id="r")
+    with pytest.raises(RunStoppedError, match=r"result: .*surrogate"):
+        agent.execute_run(run, lambda step, prior: "caf\udce9")
+    assert not [r for r in caplog.records if "could not save" in r.getMessage()]
+    stored = CheckpointStore(url).load_run("r")
+    assert stored is not None and stored.status == "failed"
+    assert stored.steps["s"].status.value == "pending" and stored.metadata["stopped"]["step_id"] == "s"
+    again = CheckpointedAgent(CheckpointStore(url))
+    resumed = again.resume_run("r")
+    assert resumed is not None
+    assert again.execute_run(resumed, lambda step, prior: "café").steps["s"].result == "café"
+
+
+@pytest.mark.parametrize("out, why", [
+    (StepResult("x", cost_usd=float("nan")), "cost_usd"),
+    ("caf\udce9", "result"),
+])
+def test_a_worker_fails_a_step_whose_output_the_store_refuses_and_goes_on(
+        tmp_path: Path, out: Any, why: str) -> None:
+    """A Worker let the refusal out of `work()`: the worker died, the step stayed PENDING, and
+    the next worker to take it ran the executor again and died the same way, one after another.
+    Now the step fails at once (a retry gives the same output), naming the field, and the
+    worker finishes the rest of the run."""
+    from ckptfs import AgentRun, Worker
+
+    store = CheckpointStore(str(tmp_path / "s"))
+    run = AgentRun(run_id="w", goal="g")
+    for sid in ("bad", "good"):
+        run.add_step(Step(id=sid, title=sid))
+    store.save_run(run)
+    ran: list[str] = []
+
+    def ex(step: Step, prior: list[ToolCall]) -> Any:
+        ran.append(step.id)
+        return out if step.id == "bad" else "fine"
+
+    report = Worker(store, lease_ttl=5, poll_interval=0.05).work("w", ex, idle_timeout=10)
+    assert report.failed == ["bad"] and report.completed == ["good"]
+    assert sorted(ran) == ["bad", "good"]
+    final = CheckpointStore(str(tmp_path / "s")).load_run("w")
+    assert final is not None and final.status == "completed_with_errors"
+    assert final.steps["bad"].status.value == "failed" and why in (final.steps["bad"].error or "")

@@ -161,6 +161,16 @@ def complete_step(step: Step, out: Any, run_id: str | None = None) -> None:
     except (TypeError, ValueError, OverflowError) as exc:  # int(nan), float("x"), int(inf)
         raise UnstorableValueError(run_id, step.id, "executor output",
                                    f"tokens or cost_usd unreadable: {type(exc).__name__}: {exc}") from None
+    if not result.isascii():
+        try:
+            result.encode()
+        except UnicodeEncodeError as exc:  # text decoded with errors="surrogateescape", say
+            # caught here, not at commit: there the step was already marked done, the refusal
+            # named only "Step", and a Worker let it out of work() (the next worker to take the
+            # step ran it again and died the same way)
+            raise UnstorableValueError(run_id, step.id, "result", (
+                f"a lone surrogate ({result[exc.start]!r} at position {exc.start}), which has no "
+                "UTF-8, so no record could hold it (decode with errors='replace')")) from None
     for name, value in (("cost_usd", step.cost_usd + cost), ("tokens", step.tokens + tokens)):
         got = codec.json_problem(value, name)
         if got is not None:

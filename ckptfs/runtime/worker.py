@@ -40,7 +40,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfs.errors import ConflictError, LeaseLostError, RunNotFoundError, StepCompletedError, error_text
+from ckptfs.errors import (
+    ConflictError,
+    LeaseLostError,
+    RunNotFoundError,
+    StepCompletedError,
+    UnstorableValueError,
+    error_text,
+)
 from ckptfs.format.models import TERMINAL_STATUSES, AgentRun, Step, StepStatus, ToolCall
 from ckptfs.runtime.execution import Executor, StepResult, complete_step
 from ckptfs.runtime.host import CURRENT_STEP
@@ -397,18 +404,25 @@ class Worker:
     def _succeeded(self, run_id: str, step: Step, hb: Heartbeat, out: Any,
                    report: WorkReport) -> None:
         tokens0, cost0 = step.tokens, step.cost_usd
-        complete_step(step, out)
+        try:
+            complete_step(step, out, run_id)
+        except UnstorableValueError as exc:  # an output no record can hold (a NaN cost): the
+            # step fails, as the agent stops there; raised, it ended work() and every worker
+            # that took the step next ran it again and ended the same way
+            self._failed(run_id, step, hb, exc, report, final=True)
+            return
         if self._commit(run_id, step, hb, report, step.tokens - tokens0, step.cost_usd - cost0):
             report.completed.append(step.id)
             logger.info("run %s: step %s completed by %s", run_id, step.id, self.worker_id)
 
     def _failed(self, run_id: str, step: Step, hb: Heartbeat, exc: Exception,
-                report: WorkReport) -> None:
+                report: WorkReport, *, final: bool = False) -> None:
         step.error = error_text(exc)
         # A call whose outcome the log cannot give back (an intent with no completion, a result
-        # the store refused): a retry would only meet the same refusal, attempt after attempt,
-        # so the step fails at once, saying why (as the agent stops the run there).
-        retry = not isinstance(exc, UnconfirmedActionError) and self.retry.is_retryable(exc)
+        # the store refused), or an output the store refuses (`final`): a retry would only meet
+        # the same refusal, attempt after attempt, so the step fails at once, saying why (as
+        # the agent stops the run there).
+        retry = not final and not isinstance(exc, UnconfirmedActionError) and self.retry.is_retryable(exc)
         if retry and step.attempt_count < self.retry.max_attempts:
             delay = self.retry.delay(step.attempt_count, exc, self._rng)
             step.status = StepStatus.PENDING
