@@ -214,6 +214,15 @@ class Storage(ABC):
         here by default: on S3 a write's answer is the test (a policy may allow some prefixes
         and not others, which no probe of one key tells)."""
 
+    def single_attempt(self) -> Storage:
+        """This storage, or a twin of it whose client sends each request once.
+
+        For a caller that retries on its own (RetryingStorage): retries beneath it multiply its
+        attempts instead of adding to them, and wait with a backoff its logs do not show. A
+        backend whose client does not retry (local disk, memory) is its own twin.
+        """
+        return self
+
     def close(self) -> None:
         """Release cached handles; the storage stays usable."""
 

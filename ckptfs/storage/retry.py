@@ -16,6 +16,12 @@ writes conditionally is unique to its writer: records carry a writer id, a time 
 leases a nonce; so the same bytes are the same write.) A refusal on the first attempt is an
 answer and passes through as it is. `put_stream` is retried only when its source can seek back
 to where it started.
+
+This is the only layer that retries: the wrapped backend's own client retries are turned off
+(`Storage.single_attempt`; on S3 botocore's and s3fs's, see storage/s3.py ONE_ATTEMPT), so
+`attempts` is the number of requests an operation that keeps failing sends, and every retry
+and its wait are in the log. Beneath this layer they multiplied it (50 requests and about 80 s
+for `--attempts 2`).
 """
 
 from __future__ import annotations
@@ -120,7 +126,8 @@ class RetriesExhausted(StorageUnavailableError):
 class RetryingStorage(Storage):
     """A Storage whose every operation is retried on transient failures, with jittered backoff.
 
-    attempts: tries per operation, the first included (1 disables retrying).
+    attempts: tries per operation, the first included (1 disables retrying); with the
+        inner client's retries off (see the module docstring), the requests it sends.
     base_delay / max_delay: the n-th wait is uniform in [0, min(max_delay, base_delay * 2**n)]
         ("full jitter"), so many clients throttled together do not retry in step.
     """
@@ -130,7 +137,7 @@ class RetryingStorage(Storage):
         if attempts < 1:
             raise ValueError("attempts must be >= 1")
         super().__init__(inner.url, inner.options)
-        self.inner = inner
+        self.inner = inner.single_attempt()
         # Capabilities are the wrapped backend's; retrying adds no guarantee and removes none.
         self.capabilities = inner.capabilities  # type: ignore[misc]
         self.attempts = attempts

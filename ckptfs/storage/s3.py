@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import threading
@@ -46,9 +47,22 @@ def s3_error(exc: BaseException) -> tuple[str | None, int | None]:
 # connect timeout) with backoff, 5 times by default, and RetryingStorage retried each such call
 # again: against a wrong endpoint a command took 10-50 s to say so. Until an endpoint has answered
 # once, "cannot connect" is an answer (a wrong URL, a server that is not there), so the client
-# gives up on it at once; after that (a server restarting, a dropped connection) botocore's and
-# RetryingStorage's retries apply as before. Throttling and 5xx are answers and always retried.
+# gives up on it at once; after that (a server restarting, a dropped connection) the retries of
+# whichever layer retries apply (see ONE_ATTEMPT). Throttling and 5xx are answers, always retried.
 CONNECT_TIMEOUT = 3.0  # seconds to establish a connection (s3fs's default is 5)
+
+# Retries, one layer of them. botocore (legacy mode: 5 attempts, backoff up to 2**n s, for 5xx
+# and throttling) and s3fs (5 tries around each botocore call for SlowDown and lost
+# connections) both retry beneath RetryingStorage, so their counts multiplied with `--attempts`:
+# `mirror --attempts 2` sent a PUT answered 503 SlowDown 50 times, giving up after 77-84 s. A store
+# that RetryingStorage wraps (single_attempt) therefore asks botocore for one attempt and s3fs
+# for one try; RetryingStorage's attempts are then the requests sent, its jittered backoff the
+# only wait, each retry logged and counted in the reports. A user's own `config_kwargs.retries`
+# is kept (botocore then retries beneath ckptfs as told). A store used on its own (the
+# checkpoint store's commits) keeps botocore's and s3fs's retries: nothing else retries there.
+# Beneath all of them aiohttp resends, once, a request whose connection closed unanswered (RFC
+# 9112 9.3.1): never a 5xx, and a conditional PUT settles that resend as it does any retry.
+ONE_ATTEMPT = {"mode": "standard", "total_max_attempts": 1}
 _GUARDED: weakref.WeakSet[Any] = weakref.WeakSet()
 _GUARD_LOCK = threading.Lock()
 
@@ -85,6 +99,19 @@ def guard_connections(client: Any) -> None:
                                       unique_id="ckptfs-connect-guard")
 
 
+@functools.cache
+def _one_try_filesystem() -> type[Any]:
+    """S3FileSystem trying each call once. s3fs's `retries` is a class attribute, not an
+    option; a subclass has an fsspec instance cache of its own, so the shared clients of stores
+    that keep their client's retries are never changed under them."""
+    import s3fs
+
+    class OneTryS3FileSystem(s3fs.S3FileSystem):  # type: ignore[misc]
+        retries = 1
+
+    return OneTryS3FileSystem
+
+
 class S3Storage(Storage):
     """S3 (or any S3-compatible server) through s3fs, one PUT per commit.
 
@@ -100,10 +127,12 @@ class S3Storage(Storage):
         remote=True,
     )
 
-    def __init__(self, url: str, bucket: str, prefix: str, options: Mapping[str, Any] | None):
+    def __init__(self, url: str, bucket: str, prefix: str, options: Mapping[str, Any] | None,
+                 *, client_retries: bool = True) -> None:
         super().__init__(url, options)
         import s3fs
 
+        self.client_retries = client_retries
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         opts = dict(self.options)
@@ -117,12 +146,21 @@ class S3Storage(Storage):
             # broken; 32 connections, not botocore's 10: a load prefetches 8 files and a
             # LangGraph read fetches a delta chain of up to 16 objects at once, and a request
             # past the pool waits for a whole round trip
-            opts["config_kwargs"] = {"connect_timeout": CONNECT_TIMEOUT, "max_pool_connections": 32,
-                                     **(ck or {})}
+            defaults: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT,
+                                        "max_pool_connections": 32}
+            if not client_retries:
+                defaults["retries"] = dict(ONE_ATTEMPT)
+            opts["config_kwargs"] = {**defaults, **(ck or {})}
+        cls = s3fs.S3FileSystem if client_retries else _one_try_filesystem()
         try:
-            self.fs = s3fs.S3FileSystem(**opts)
+            self.fs = cls(**opts)
         except TypeError as exc:
             raise ConfigError(f"{self.display_url}: bad storage option: {exc}") from None
+
+    def single_attempt(self) -> S3Storage:
+        if not self.client_retries:
+            return self
+        return S3Storage(self.url, self.bucket, self.prefix, self.options, client_retries=False)
 
     def _key(self, key: str) -> str:
         check_key(key)
@@ -190,11 +228,13 @@ class S3Storage(Storage):
         """Exclusive create; a 412 for an object holding exactly `data` is our own write.
 
         botocore retries a PUT whose connection dropped or that got a 5xx, and s3fs retries
-        around botocore, invisibly to us: when the first attempt had landed, the retry meets
-        that very object and S3 answers 412. Telling that apart from a rival's object takes
-        one HEAD (and a GET only if the etag is not the body's MD5, as under SSE-KMS). What
-        ckptfs creates exclusively is unique to its writer (records carry the writer id, the
-        time and their hash; leases a nonce), so the same bytes mean the same write.
+        around botocore, invisibly to us (under RetryingStorage aiohttp still resends a PUT
+        whose connection closed unanswered, see ONE_ATTEMPT): when the first attempt had
+        landed, the retry meets that very object and S3 answers 412. Telling that apart from
+        a rival's object takes one HEAD (and a GET only if the etag is not the body's MD5, as
+        under SSE-KMS). What ckptfs creates exclusively is unique to its writer (records carry
+        the writer id, the time and their hash; leases a nonce), so the same bytes mean the
+        same write.
         """
         if not data:
             raise ValueError("refusing an exclusive PUT of zero bytes (s3fs can empty the object)")
