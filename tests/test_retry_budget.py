@@ -85,6 +85,7 @@ def _mirror(s3: EmbeddedS3, src: str, url: str, rule: Callable[[Request], Fault 
 @pytest.mark.parametrize(("attempts", "status", "code"), [
     (2, 503, "SlowDown"),            # throttling: every layer used to retry it
     (3, 503, "ServiceUnavailable"),
+    (1, 500, "InternalError"),       # --attempts 1: one request, no retry beneath it either
 ])
 def test_a_key_that_always_fails_is_sent_as_many_times_as_attempts_says(
         s3: EmbeddedS3, s3_url: str, tmp_path: Path, attempts: int, status: int, code: str) -> None:

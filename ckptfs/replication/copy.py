@@ -176,8 +176,10 @@ def note_present(dst: Storage, refs: Mapping[str, ArtifactRef], known: set[str])
 
 def as_storage(target: StorageLike, options: Mapping[str, Any] | None, attempts: int,
                 base_delay: float) -> Storage:
+    """`target` retried `attempts` times in all; wrapped even for one attempt, so that the
+    backend's client does not retry beneath it either (Storage.single_attempt)."""
     st = target if isinstance(target, Storage) else open_storage(target, options)
-    if attempts > 1 and not isinstance(st, RetryingStorage):
+    if not isinstance(st, RetryingStorage):
         st = RetryingStorage(st, attempts=attempts, base_delay=base_delay)
     return st
 

@@ -119,6 +119,10 @@ def is_connect_failure(exc: BaseException) -> bool:
     return False
 
 
+def _attempts(n: int) -> str:
+    return f"{n} attempt" if n == 1 else f"{n} attempts"
+
+
 class RetriesExhausted(StorageUnavailableError):
     """A transient failure outlived every retry; the message says what and how often."""
 
@@ -172,14 +176,14 @@ class RetryingStorage(Storage):
                     # never reached: a wrong endpoint or a server that is not there; say so now
                     # a connect timeout already waited its whole timeout: one is enough
                     connect_failures += CONNECT_ATTEMPTS if "timeout" in str(exc).lower() else 1
-                    if connect_failures >= CONNECT_ATTEMPTS:
+                    if connect_failures >= CONNECT_ATTEMPTS or attempt == self.attempts:
                         raise RetriesExhausted(
                             f"{self.display_url}: {what} {key!r}: the endpoint cannot be reached "
-                            f"({connect_failures} attempts): {exc}") from exc
+                            f"({_attempts(connect_failures)}): {exc}") from exc
                     delay = CONNECT_RETRY_DELAY
                 elif attempt == self.attempts:
                     raise RetriesExhausted(f"{self.display_url}: {what} {key!r} still failing after "
-                                           f"{self.attempts} attempts: {exc}") from exc
+                                           f"{_attempts(self.attempts)}: {exc}") from exc
                 else:
                     delay = random.uniform(0, min(self.max_delay,
                                                   self.base_delay * 2 ** (attempt - 1)))
