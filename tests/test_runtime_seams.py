@@ -208,3 +208,35 @@ def test_a_worker_fails_a_step_whose_output_the_store_refuses_and_goes_on(
     final = CheckpointStore(str(tmp_path / "s")).load_run("w")
     assert final is not None and final.status == "completed_with_errors"
     assert final.steps["bad"].status.value == "failed" and why in (final.steps["bad"].error or "")
+
+
+def test_a_worker_fails_a_step_whose_commit_the_store_refuses_and_goes_on(tmp_path: Path) -> None:
+    """An executor that leaves NaN in `step.metadata` returns a fine output, but the commit of
+    the finished step is refused: the refusal left `work()`, the worker died with the step
+    RUNNING under its lease, and the next worker to take it ran the executor again and died the
+    same way. Now the step fails at once, naming what was refused, with the metadata it had
+    before the executor ran, and the worker finishes the rest of the run."""
+    from ckptfs import AgentRun, Worker
+
+    store = CheckpointStore(str(tmp_path / "s"))
+    run = AgentRun(run_id="w", goal="g")
+    for sid in ("bad", "good"):
+        run.add_step(Step(id=sid, title=sid, metadata={"source": sid}))
+    store.save_run(run)
+    ran: list[str] = []
+
+    def ex(step: Step, prior: list[ToolCall]) -> str:
+        ran.append(step.id)
+        if step.id == "bad":
+            step.metadata["score"] = float("nan")
+        return "fine"
+
+    report = Worker(store, lease_ttl=5, poll_interval=0.05).work("w", ex, idle_timeout=10)
+    assert report.failed == ["bad"] and report.completed == ["good"]
+    assert sorted(ran) == ["bad", "good"]
+    final = CheckpointStore(str(tmp_path / "s")).load_run("w")
+    assert final is not None and final.status == "completed_with_errors"
+    bad = final.steps["bad"]
+    assert bad.status.value == "failed" and "score" in (bad.error or ""), bad.error
+    assert bad.metadata.get("source") == "bad" and "score" not in bad.metadata
+    assert final.steps["good"].result == "fine"

@@ -411,9 +411,25 @@ class Worker:
             # that took the step next ran it again and ended the same way
             self._failed(run_id, step, hb, exc, report, final=True)
             return
-        if self._commit(run_id, step, hb, report, step.tokens - tokens0, step.cost_usd - cost0):
+        try:
+            done = self._commit(run_id, step, hb, report, step.tokens - tokens0, step.cost_usd - cost0)
+        except UnstorableValueError as exc:  # what the executor left in the step (a NaN in its
+            # metadata) is refused, the output itself was fine: raised, it ended work() with the
+            # step held, and each worker that took it next ran it again and ended the same way.
+            # The step fails with the metadata it was claimed with (the store's, from before the
+            # executor ran), which the failure's own commit can then hold.
+            self._restore_metadata(run_id, step)
+            self._failed(run_id, step, hb, exc, report, final=True)
+            return
+        if done:
             report.completed.append(step.id)
             logger.info("run %s: step %s completed by %s", run_id, step.id, self.worker_id)
+
+    def _restore_metadata(self, run_id: str, step: Step) -> None:
+        """Put back the step's metadata as the store holds it (only on the error path: a load)."""
+        stored = self.store.load_run(run_id)
+        held = stored.steps.get(step.id) if stored is not None else None
+        step.metadata = dict(held.metadata) if held is not None else {}
 
     def _failed(self, run_id: str, step: Step, hb: Heartbeat, exc: Exception,
                 report: WorkReport, *, final: bool = False) -> None:
