@@ -220,9 +220,12 @@ def _load(storage: Storage, run_id: str, version: int | None, artifacts: bool = 
                        f"{storage.display_url}; it has {len(have)}: {version_list(have)} "
                        "(`ckptfs versions` says which a restore can target)", kind="not-found") from None
     except CheckpointCorruptError as exc:
-        # files exist but none loads (each was skipped with a warning naming it)
+        # files exist but none loads (each was skipped with a warning naming it); with a
+        # version given, only that one: the others may load
         first = exc.problems[0] if exc.problems else "no file could be read"
-        raise CliError(f"run {run_id!r} in {storage.display_url}: no stored version could be loaded "
+        what = "no stored version could be loaded" if version is None else \
+            f"version {version} could not be loaded"
+        raise CliError(f"run {run_id!r} in {storage.display_url}: {what} "
                        f"({len(exc.problems)} problem(s); first: {first}); see `ckptfs verify`",
                        kind="corrupt") from None
     if state is None:

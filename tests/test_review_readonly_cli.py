@@ -1,0 +1,54 @@
+"""A hostile user's review of the read-only commands (show, versions, diff, export, runs) through
+the real `ckptfs` executable: damaged versions, an unlistable run, ints the library stores but
+whose sums no longer print, and the loader's warnings about what it finally loaded."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from test_cli_commands import _agent_store, cli
+
+RUN = "papers"
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("review-readonly") / "store"
+    _agent_store(root)  # papers: v1..v17, snapshots at 3, 6, 9, 12, 15; finished: v1..v2
+    return root
+
+
+@pytest.fixture
+def store(pristine: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "store"
+    shutil.copytree(pristine, root, symlinks=True)
+    return root
+
+
+def _flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _log(root: Path, version: int) -> Path:
+    return root / "runs" / RUN / "log" / f"{version:012d}.ckpt"
+
+
+def test_a_damaged_version_asked_for_is_named_not_the_whole_run(store: Path) -> None:
+    """`show --version 17` with v17 damaged said "no stored version could be loaded", while
+    v1..v16 load: the message must name the version asked for, and the run loads without it."""
+    _flip(_log(store, 17))
+    for cmd in (["show", str(store), RUN, "--version", "17"], ["export", str(store), RUN, "--version", "17"],
+                ["diff", str(store), RUN, "16", "17"]):
+        code, out, _ = cli(*cmd, "--json")
+        doc = json.loads(out)
+        assert code == 1 and doc["error"]["code"] == "corrupt", (cmd, out)
+        message = doc["error"]["message"]
+        assert "version 17" in message and "no stored version could be loaded" not in message, message
+        assert "000000000017.ckpt" in message
+    code, out, _ = cli("show", str(store), RUN, "--json")
+    assert code == 0 and json.loads(out)["version"] == 16
