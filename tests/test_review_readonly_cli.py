@@ -52,3 +52,16 @@ def test_a_damaged_version_asked_for_is_named_not_the_whole_run(store: Path) -> 
         assert "000000000017.ckpt" in message
     code, out, _ = cli("show", str(store), RUN, "--json")
     assert code == 0 and json.loads(out)["version"] == 16
+
+
+def test_an_unreadable_version_is_no_restore_point(store: Path) -> None:
+    """`versions` listed a version whose every file fails to decode as one a restore can target."""
+    _flip(_log(store, 17))
+    code, out, _ = cli("versions", str(store), RUN, "--json")
+    doc = json.loads(out)
+    assert code == 0
+    v17 = next(v for v in doc["versions"] if v["version"] == 17)
+    assert v17["readable"] is False and v17["restore_point"] is False
+    assert 17 not in doc["restore_points"]
+    code, out, _ = cli("versions", str(store), RUN)
+    assert code == 0 and "a restore can target 2: v15, v16" in out, out

@@ -348,7 +348,8 @@ def cmd_versions(args: argparse.Namespace) -> int:
     infos = list_versions(storage, args.run_id)
     if not infos:
         raise run_not_found(args.run_id, storage.display_url)
-    points = set(restore_points(storage, args.run_id))
+    # by file names; a version none of whose files decodes is no target (the restore would fail)
+    points = set(restore_points(storage, args.run_id)) - {i.version for i in infos if not i.readable}
     for i in infos:
         i.restore_point = i.version in points
     # A journal record below the oldest snapshot that no load reaches is a fence retention
