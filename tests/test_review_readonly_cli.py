@@ -65,3 +65,13 @@ def test_an_unreadable_version_is_no_restore_point(store: Path) -> None:
     assert 17 not in doc["restore_points"]
     code, out, _ = cli("versions", str(store), RUN)
     assert code == 0 and "a restore can target 2: v15, v16" in out, out
+
+
+def test_no_warning_claims_a_version_the_load_did_not_end_at(store: Path) -> None:
+    """A damaged newest snapshot: the first, quick load (from that snapshot) failed and warned
+    "loaded version 12 after skipping ...", then the full load gave v17, and show printed v17."""
+    _flip(store / "runs" / RUN / "snap" / f"{15:012d}.ckpt")
+    code, out, err = cli("show", str(store), RUN)
+    assert code == 0 and f"{RUN} failed v17" in out
+    assert "loaded version 17 after skipping" in err
+    assert "loaded version 12" not in err, err

@@ -212,6 +212,16 @@ def _empty() -> dict[str, Any]:
     return {"run": None, "steps": {}, "tool_log": {}}
 
 
+def _warn_skipped(got: Loaded | None) -> Loaded | None:
+    """The one warning of a load that skipped files, naming the version it returns: logged by
+    `load` for the load it keeps, not by each attempt (the quick one from the newest snapshot
+    is dropped when that snapshot is damaged, and said "loaded version 12" before v17 came)."""
+    if got is not None and got.info.skipped:
+        logger.warning("run %s: loaded version %d after skipping: %s", got.info.run_id, got.info.version,
+                       "; ".join(got.info.skipped[:3]))
+    return got
+
+
 class RunLoader:
     """Reads runs of one storage through the reader; resolves and verifies their artifacts."""
 
@@ -259,7 +269,7 @@ class RunLoader:
                     except CheckpointCorruptError:
                         got = None
                     if got is not None and got.info.snapshot_version == newest:
-                        return got  # what a load of every file gives: it starts there too
+                        return _warn_skipped(got)  # what a load of every file gives: it starts there too
                     # the newest snapshot did not load: an older one needs the records between
                     logger.info("run %s: loading again with the records below its newest "
                                 "snapshot", run_id)
@@ -267,7 +277,7 @@ class RunLoader:
             files = [rf for key in keys if (rf := parse_run_key(key))]
             if not files:
                 return None
-            return self._load_files(run_id, target, resolve, files, early)
+            return _warn_skipped(self._load_files(run_id, target, resolve, files, early))
         finally:
             self._done(early)
 
@@ -405,9 +415,6 @@ class RunLoader:
                         len(path.records) + (path.start is not None),
                         snap_bytes + sum(rec.stored_size for _rf, rec in path.records), snap_bytes,
                         list(problems), max_seen, phases)
-        if problems:
-            logger.warning("run %s: loaded version %d after skipping: %s", run_id, path.version,
-                           "; ".join(problems[:3]))
         return Loaded(run, tool_log, state, path.hash, info, step_raw, call_raw)
 
     def materialise(self, run_id: str, state: dict[str, Any], problems: list[str],
