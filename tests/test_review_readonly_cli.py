@@ -5,11 +5,14 @@ whose sums no longer print, and the loader's warnings about what it finally load
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
-from test_cli_commands import _agent_store, cli
+from _privileges import drop_dac
+from test_cli_commands import CLI, QUIET_CWD, _agent_store, cli
 
 RUN = "papers"
 
@@ -75,3 +78,21 @@ def test_no_warning_claims_a_version_the_load_did_not_end_at(store: Path) -> Non
     assert code == 0 and f"{RUN} failed v17" in out
     assert "loaded version 17 after skipping" in err
     assert "loaded version 12" not in err, err
+
+
+def test_runs_reports_an_unlistable_run_and_lists_the_others(store: Path) -> None:
+    """A run directory this user cannot list made `runs` fail as a whole ("unreachable", exit 2),
+    hiding every other run: it is one row with the reason, and the exit code says problems."""
+    (store / "runs" / "finished").chmod(0)
+    try:
+        proc = subprocess.run([CLI, "runs", str(store), "--json"], capture_output=True, text=True,
+                              timeout=60, cwd=QUIET_CWD, preexec_fn=drop_dac,
+                              env={k: v for k, v in os.environ.items() if not k.startswith("CKPTFS_")})
+    finally:
+        (store / "runs" / "finished").chmod(0o755)
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 1, proc.stderr
+    rows = {r["run_id"]: r for r in doc["runs"]}
+    assert rows[RUN]["status"] == "failed" and rows[RUN]["version"] == 17
+    assert rows["finished"]["status"] == "unreadable" and "Permission denied" in rows["finished"]["error"]
+    assert "Traceback" not in proc.stderr

@@ -107,7 +107,12 @@ def _storage(args: argparse.Namespace) -> Storage:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     from ckptfs.cli.threads import thread_ids
-    from ckptfs.errors import CheckpointCorruptError, CorruptFileError, InvalidIdError
+    from ckptfs.errors import (
+        CheckpointCorruptError,
+        CorruptFileError,
+        InvalidIdError,
+        StorageUnavailableError,
+    )
     from ckptfs.format.models import validate_id
     from ckptfs.maintenance.history import read_only_store
     from ckptfs.store.checkpoint_store import RESUMABLE_STATUSES
@@ -128,6 +133,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
             rows.append({"run_id": run_id, "status": "corrupt", "error": str(exc)})
             code = EXIT_PROBLEMS
             continue
+        except StorageUnavailableError as exc:  # the store was listed: one run this user cannot read
+            rows.append({"run_id": run_id, "status": "unreadable", "error": str(exc)})
+            code = EXIT_PROBLEMS
+            continue
         if s is None:
             continue
         s["resumable"] = s["status"] in RESUMABLE_STATUSES
@@ -143,8 +152,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
             Col("goal", flex=True, min_width=14)]
     table: list[list[Any]] = []
     for r in rows:
-        if r["status"] == "corrupt":
-            table.append([r["run_id"], Text("corrupt", style="bold red"), "-", "-", "-", "-", "-",
+        if r["status"] in ("corrupt", "unreadable"):
+            table.append([r["run_id"], Text(r["status"], style="bold red"), "-", "-", "-", "-", "-",
                           r.get("error", "")])
             continue
         table.append([r["run_id"], r["status"], f"{r['completed_steps']}/{r['total_steps']}",
