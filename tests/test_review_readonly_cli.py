@@ -14,6 +14,8 @@ import pytest
 from _privileges import drop_dac
 from test_cli_commands import CLI, QUIET_CWD, _agent_store, cli
 
+from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
+
 RUN = "papers"
 
 
@@ -96,3 +98,35 @@ def test_runs_reports_an_unlistable_run_and_lists_the_others(store: Path) -> Non
     assert rows[RUN]["status"] == "failed" and rows[RUN]["version"] == 17
     assert rows["finished"]["status"] == "unreadable" and "Permission denied" in rows["finished"]["error"]
     assert "Traceback" not in proc.stderr
+
+
+def test_totals_past_python_int_digits_limit_still_print(tmp_path: Path) -> None:
+    """Each step's tokens is at the 4,300-digit limit a commit accepts; their sum is one digit
+    more, and `show --json` and `export` stopped with "unexpected ValueError" (exit 3)."""
+    root = tmp_path / "big"
+    store = CheckpointStore(str(root))
+    run = AgentRun(run_id="big", goal="huge counters")
+    big = int("9" * 4300)
+    for i in range(2):
+        run.add_step(Step(id=f"s{i}", title="t"))
+    store.save_run(run)
+    for sid in run.steps:
+        step = run.steps[sid]
+        step.status, step.result, step.tokens = StepStatus.COMPLETED, "ok", big
+        store.commit(run, [step])
+    store.close()
+    code, out, err = cli("show", str(root), "big", "--json")
+    assert code == 0, err
+    assert _digits(json.loads(out, parse_int=str)["totals"]["step_tokens"])
+    code, out, err = cli("export", str(root), "big")
+    assert code == 0, err
+    assert _digits(json.loads(out, parse_int=str)["totals"]["step_tokens"])
+    target = tmp_path / "export.json"
+    code, _, err = cli("export", str(root), "big", "--output", str(target))
+    assert code == 0, err
+    assert _digits(json.loads(target.read_text(), parse_int=str)["totals"]["step_tokens"])
+
+
+def _digits(text: str) -> bool:
+    """2 * (10**4300 - 1), spelled out (json.loads cannot turn it into an int by default)."""
+    return text == "1" + "9" * 4299 + "8"

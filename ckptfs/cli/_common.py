@@ -101,9 +101,22 @@ def run_not_found(run_ids: str | list[str], where: str) -> CliError:
     return CliError(f"runs {', '.join(repr(r) for r in ids)} not found in {where}", kind="not-found")
 
 
+def dumps_json(doc: Any) -> str:
+    """`doc` as indented JSON. Python refuses to spell out an int over 4,300 digits: a commit
+    accepts one at that limit, and a total of two (`totals()["step_tokens"]`) is one digit
+    more, which stopped show --json and export with "unexpected ValueError". Only our own
+    output is written past the limit (a sum is at most a few digits longer than a stored value)."""
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        return json.dumps(doc, indent=2, default=str)
+    finally:
+        sys.set_int_max_str_digits(limit)
+
+
 def emit_json(doc: Any) -> None:
     """Machine output: one JSON document on stdout, nothing else there."""
-    sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+    sys.stdout.write(dumps_json(doc) + "\n")
     sys.stdout.flush()
 
 

@@ -13,7 +13,17 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from ckptfs.cli._common import EXIT_OK, EXIT_PROBLEMS, CliError, emit_json, err, out, run_not_found, warn
+from ckptfs.cli._common import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    CliError,
+    dumps_json,
+    emit_json,
+    err,
+    out,
+    run_not_found,
+    warn,
+)
 from ckptfs.cli._options import add_json_arg, add_store_args, open_existing, store_target
 from ckptfs.cli._render import Col, age, count, fit_line, money, print_table, timestamp, version_list
 
@@ -436,7 +446,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     state = _load(storage, args.run_id, args.version, artifacts=not args.no_artifacts)
     doc = {"url": storage.display_url, **state.to_dict()}
     if target is not None:
-        _write_output(args.output, target, json.dumps(doc, indent=2, default=str) + "\n")
+        _write_output(args.output, target, dumps_json(doc) + "\n")
         err().print(f"exported {args.run_id} v{state.version} to {args.output}", markup=False,
                     soft_wrap=True)
         return EXIT_OK
