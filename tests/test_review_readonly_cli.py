@@ -130,3 +130,27 @@ def test_totals_past_python_int_digits_limit_still_print(tmp_path: Path) -> None
 def _digits(text: str) -> bool:
     """2 * (10**4300 - 1), spelled out (json.loads cannot turn it into an int by default)."""
     return text == "1" + "9" * 4299 + "8"
+
+
+def test_control_characters_in_stored_text_are_shown_not_sent(tmp_path: Path) -> None:
+    """A goal, title, result or error is data (an LLM's reply, often): an escape sequence in
+    it reached the terminal as it was (`\\x1b]0;...` retitles the window, `\\x1b[2J` clears
+    it), in show's header, table and --step view and in runs' table. Shown escaped instead."""
+    root = tmp_path / "esc"
+    store = CheckpointStore(str(root))
+    run = AgentRun(run_id="esc", goal="evil \x1b]0;PWNED\x07 goal \x1b[31mred")
+    run.add_step(Step(id="s0", title="title \x1b[2J"))
+    store.save_run(run)
+    step = run.steps["s0"]
+    step.status, step.result, step.error = StepStatus.COMPLETED, "res \x1b[41mBG\x9b2J", "err \x1b[5m"
+    store.commit(run, [step])
+    store.close()
+    for cmd in (["show", str(root), "esc"], ["show", str(root), "esc", "--step", "s0"], ["runs", str(root)],
+                ["versions", str(root), "esc"], ["diff", str(root), "esc", "1", "2"]):
+        code, out, err = cli(*cmd)
+        assert code == 0, (cmd, err)
+        assert "\x1b" not in out and "\x9b" not in out, (cmd, out)
+    code, out, _ = cli("show", str(root), "esc", "--step", "s0")
+    assert "res \\x1b[41mBG\\x9b2J" in out and "err \\x1b[5m" in out and "title \\x1b[2J" in out
+    code, out, _ = cli("show", str(root), "esc", "--json")  # --json keeps the text as stored
+    assert json.loads(out)["goal"] == "evil \x1b]0;PWNED\x07 goal \x1b[31mred"

@@ -10,6 +10,7 @@ required ones plus the flexible column's minimum fit.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,6 +21,15 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 _GAP = 3  # SIMPLE_HEAD without edges: one pad, one space, one pad between columns
+# C0 and C1 controls but tab and newline: ESC, CSI (0x9b) and the rest start terminal sequences
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """Stored text as it can go to a terminal: control characters spelled out (`\\x1b`), not
+    sent. A goal, a title, a result is data, often an LLM's reply: an escape sequence in it
+    retitled the window or cleared the screen of whoever ran `ckptfs show`. `--json` keeps it whole."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 @dataclass(frozen=True)
@@ -87,7 +97,7 @@ def _one_line(cell: RenderableType) -> RenderableType:
 
     if isinstance(cell, Text):
         return cell
-    return Text(str(cell).replace("\n", " "))
+    return Text(printable(str(cell).replace("\n", " ")))
 
 
 def print_table(console: Console, cols: Sequence[Col], rows: Sequence[Sequence[RenderableType]],
@@ -108,7 +118,7 @@ def fit_line(console: Console, text: str, bold: int = 0) -> None:
     the first `bold` characters bold. The whole text is in --json."""
     from rich.text import Text
 
-    line = Text(" ".join(text.split()), no_wrap=True, overflow="ellipsis")
+    line = Text(printable(" ".join(text.split())), no_wrap=True, overflow="ellipsis")
     if bold:
         line.stylize("bold", 0, bold)
     console.print(line, no_wrap=True, overflow="ellipsis", crop=True)

@@ -25,7 +25,17 @@ from ckptfs.cli._common import (
     warn,
 )
 from ckptfs.cli._options import add_json_arg, add_store_args, open_existing, store_target
-from ckptfs.cli._render import Col, age, count, fit_line, money, print_table, timestamp, version_list
+from ckptfs.cli._render import (
+    Col,
+    age,
+    count,
+    fit_line,
+    money,
+    print_table,
+    printable,
+    timestamp,
+    version_list,
+)
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -327,9 +337,9 @@ def _render_step(s: dict[str, Any]) -> None:
         console.print(f"  leased by {held['holder']} (generation {held['generation']}, written "
                       f"{held['written_s_ago']:.0f}s ago, ttl {held['ttl_s']:.0f}s)")
     if s["result"] is not None:
-        console.print("  result:", s["result"], markup=False, soft_wrap=True)
+        console.print("  result:", printable(str(s["result"])), markup=False, soft_wrap=True)
     if s["error"]:
-        console.print("  error:", s["error"], markup=False, soft_wrap=True)
+        console.print("  error:", printable(str(s["error"])), markup=False, soft_wrap=True)
     _render_calls([(s["id"], c) for c in s["calls"]], with_step=False)
 
 
