@@ -154,3 +154,25 @@ def test_control_characters_in_stored_text_are_shown_not_sent(tmp_path: Path) ->
     assert "res \\x1b[41mBG\\x9b2J" in out and "err \\x1b[5m" in out and "title \\x1b[2J" in out
     code, out, _ = cli("show", str(root), "esc", "--json")  # --json keeps the text as stored
     assert json.loads(out)["goal"] == "evil \x1b]0;PWNED\x07 goal \x1b[31mred"
+
+
+def test_a_skipped_file_whose_reason_looks_like_markup_is_printed_as_it_is(store: Path) -> None:
+    """A record that decodes (checksums, chain) but whose state does not validate is skipped
+    with pydantic's message, which quotes the stored value: "[/oops]" in it was read as a rich
+    closing tag by show's "note: skipped: ..." line, and show ended "unexpected MarkupError" (exit 3)."""
+    from ckptfs.format import codec
+
+    path = _log(store, 17)
+    rec = codec.decode(path.read_bytes(), "k")
+    body = dict(rec.body)
+    body["steps"]["paper-5"]["status"] = "[/oops] [bold]x"
+    body_json = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    sha = codec.sha256_hex(body_json)
+    header = rec.header.model_copy(update={
+        "body_sha256": sha, "hash": codec.chain_hash(rec.header.base_hash, sha, rec.header.version)})
+    path.write_bytes(codec.encode(header, body_json))
+    code, out, err = cli("show", str(store), RUN)
+    assert code == 0, err
+    assert f"{RUN} running v16" in out and "[/oops] [bold]x" in err[err.index("note: skipped:"):]
+    code, out, err = cli("show", str(store), RUN, "--json")
+    assert code == 0 and json.loads(out)["version"] == 16

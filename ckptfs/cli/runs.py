@@ -298,8 +298,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     console.print(f"{t['steps']} steps ({statuses or 'none'}); {count(t['tokens'])} tokens, "
                   f"{money(t['cost_usd'])}; {t['tool_calls']} tool call(s), {t['tool_ms'] / 1000:.1f}s in "
                   f"tools; updated {timestamp(run.updated_at)}")
-    for note in state.notes + [f"skipped: {s}" for s in state.skipped]:
-        err().print(f"[yellow]note:[/yellow] {note}", soft_wrap=True)
+    from rich.text import Text
+
+    for note in state.notes + [f"skipped: {s}" for s in state.skipped]:  # data: never markup
+        err().print(Text.assemble(("note: ", "yellow"), printable(note)), soft_wrap=True)
     if args.step is not None:
         _render_step(steps[0])
         return EXIT_OK
@@ -412,6 +414,8 @@ def cmd_versions(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
+    from rich.text import Text
+
     from ckptfs.maintenance.history import diff_states
 
     storage = _storage(args)
@@ -422,7 +426,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
         emit_json({"url": storage.display_url, **d.to_dict()})
         return EXIT_OK
     console = out()
-    console.print(f"[bold]{d.run_id}[/bold] v{d.old} -> v{d.new}")
+    console.print(Text.assemble((d.run_id, "bold"), f" v{d.old} -> v{d.new}"))
     if d.empty:
         console.print("no differences")
         return EXIT_OK
