@@ -176,3 +176,52 @@ def test_a_skipped_file_whose_reason_looks_like_markup_is_printed_as_it_is(store
     assert f"{RUN} running v16" in out and "[/oops] [bold]x" in err[err.index("note: skipped:"):]
     code, out, err = cli("show", str(store), RUN, "--json")
     assert code == 0 and json.loads(out)["version"] == 16
+
+
+def test_times_no_calendar_holds_are_shown_not_a_crash(tmp_path: Path) -> None:
+    """A step's started_at / completed_at are the caller's floats, and a commit takes -1e300:
+    `show --step` ended "unexpected OverflowError: timestamp out of range" (exit 3)."""
+    root = tmp_path / "ts"
+    store = CheckpointStore(str(root))
+    run = AgentRun(run_id="ts", goal="g")
+    run.add_step(Step(id="s0", title="t"))
+    store.save_run(run)
+    step = run.steps["s0"]
+    step.status, step.result, step.started_at, step.completed_at = StepStatus.COMPLETED, "ok", -1e300, 1e300
+    store.commit(run, [step])
+    store.close()
+    code, out, err = cli("show", str(root), "ts", "--step", "s0")
+    assert code == 0, err
+    assert "started -1e+300" in out and "finished 1e+300" in out, out
+
+
+def _rewrite_header(path: Path, **fields: object) -> None:
+    """A record whose checksums and chain hash agree, with header fields as given (a file
+    another writer, or an attacker with write access, made)."""
+    from ckptfs.format import codec
+
+    rec = codec.decode(path.read_bytes(), "k")
+    body_json = json.dumps(rec.body, sort_keys=True, separators=(",", ":")).encode()
+    sha = codec.sha256_hex(body_json)
+    h = rec.header
+    header = h.model_copy(update={"body_sha256": sha, "hash": codec.chain_hash(h.base_hash, sha, h.version),
+                                  **fields})
+    path.write_bytes(codec.encode(header, body_json))
+
+
+def test_versions_survives_header_summaries_and_times_of_any_shape(store: Path) -> None:
+    """`versions` prints each version's header summary and time as they are: a summary whose
+    "failed" is a string ended it "unexpected ValueError: Cannot specify ',' with 's'" and a
+    time of 1e300 "unexpected OverflowError" (exit 3); they are shown as unknown / as numbers."""
+    _rewrite_header(_log(store, 16),
+                    summary={"status": ["x"], "completed": "a", "failed": "zz", "total": [1]})
+    _rewrite_header(_log(store, 14), time=1e300)
+    code, out, err = cli("versions", str(store), RUN)
+    assert code == 0, err
+    row16 = next(line for line in out.splitlines() if line.split()[:1] == ["16"])
+    assert row16.split()[1:2] == ["log"] and " - " in row16
+    assert "1e+300" in next(line for line in out.splitlines() if line.split()[:1] == ["14"])
+    code, out, err = cli("versions", str(store), RUN, "--json")
+    assert code == 0, err
+    v16 = next(v for v in json.loads(out)["versions"] if v["version"] == 16)
+    assert (v16["status"], v16["completed"], v16["failed"], v16["total"]) == (None, None, None, None)

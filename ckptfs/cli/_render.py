@@ -132,8 +132,14 @@ def clip(text: str, width: int = 60) -> str:
 
 
 def timestamp(t: float | None) -> str:
-    """Local time, to the second; '-' for unknown."""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+    """Local time, to the second; '-' for unknown. A time no calendar holds (a caller's
+    started_at of -1e300, a header's time of 1e300: both load) is shown as the number."""
+    if not t:
+        return "-"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError):
+        return repr(t)
 
 
 def age(t: float | None, now: float | None = None) -> str:

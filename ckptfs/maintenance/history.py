@@ -98,8 +98,11 @@ def list_versions(storage: Storage, run_id: str, *, workers: int = 8) -> list[Ve
             h = rec.header
             s = h.summary or {}
             info.time, info.writer, info.bytes = h.time, h.writer, len(data)
-            info.status = s.get("status")
-            info.completed, info.failed, info.total = s.get("completed"), s.get("failed"), s.get("total")
+            # the summary is free-form in the header: only the shapes this store writes count
+            status = s.get("status")
+            info.status = status if isinstance(status, str) else None
+            info.completed, info.failed, info.total = (_count(s.get(k))
+                                                       for k in ("completed", "failed", "total"))
             return
         info.readable = False
 
@@ -111,6 +114,10 @@ def list_versions(storage: Storage, run_id: str, *, workers: int = 8) -> list[Ve
         for v in versions:
             describe(v)
     return [infos[v] for v in versions]
+
+
+def _count(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 # ---------------------------------------------------------------------------- run state
