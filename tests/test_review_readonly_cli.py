@@ -225,3 +225,23 @@ def test_versions_survives_header_summaries_and_times_of_any_shape(store: Path) 
     assert code == 0, err
     v16 = next(v for v in json.loads(out)["versions"] if v["version"] == 16)
     assert (v16["status"], v16["completed"], v16["failed"], v16["total"]) == (None, None, None, None)
+
+
+def test_export_refuses_an_output_inside_the_store_and_writes_nothing(store: Path, tmp_path: Path) -> None:
+    """`export --output` naming a file of the store (a typo, a tab-completed path) replaced that
+    version's journal record with JSON: v17 was gone. Refused as bad input, the store unchanged,
+    through a symlink to the store too; a path outside it still gets the export."""
+    record = _log(store, 17)
+    before = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
+    link = tmp_path / "via-link"
+    link.symlink_to(store)
+    for given in (record, store / "export.json", link / "runs" / RUN / "x.json"):
+        code, out, _ = cli("export", str(store), RUN, "--output", str(given), "--json")
+        doc = json.loads(out)
+        assert code == 2 and doc["error"]["code"] == "usage", (given, out)
+        assert "inside the store" in doc["error"]["message"]
+    after = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
+    assert after == before
+    outside = tmp_path / "export.json"
+    code, _, _ = cli("export", str(store), RUN, "--output", str(outside))
+    assert code == 0 and json.loads(outside.read_text())["version"] == 17

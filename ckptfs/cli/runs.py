@@ -457,6 +457,8 @@ def cmd_diff(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     target = _output_path(args.output) if args.output else None  # refused before the run is read
     storage = _storage(args)
+    if target is not None:
+        _refuse_inside_store(args.output, target, storage)
     state = _load(storage, args.run_id, args.version, artifacts=not args.no_artifacts)
     doc = {"url": storage.display_url, **state.to_dict()}
     if target is not None:
@@ -487,6 +489,20 @@ def _output_path(given: str) -> Path:
         what = "is not a directory" if target.parent.exists() else "does not exist"
         raise CliError(f"--output {given}: its directory {Path(given).parent} {what}")
     return target
+
+
+def _refuse_inside_store(given: str, target: Path, storage: Storage) -> None:
+    """An export written into the store it reads would replace a store file with JSON (a typo'd
+    `--output STORE/runs/r/log/...ckpt` destroyed that version): bad input, refused unread."""
+    import os
+
+    root = storage.local_root()
+    if root is None:
+        return
+    where = os.path.realpath(target)
+    if where == root or where.startswith(root.rstrip(os.sep) + os.sep):
+        raise CliError(f"--output {given}: is inside the store {storage.display_url}; an export "
+                       "must not write among the store's files (give a path outside it)")
 
 
 def _write_output(given: str, target: Path, text: str) -> None:

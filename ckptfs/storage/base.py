@@ -214,6 +214,12 @@ class Storage(ABC):
         here by default: on S3 a write's answer is the test (a policy may allow some prefixes
         and not others, which no probe of one key tells)."""
 
+    def local_root(self) -> str | None:
+        """The directory on this machine that holds the store (links resolved), None when it lives
+        elsewhere (S3, memory). Lets a command that writes a user's file refuse one inside the
+        store, and a saver know two handles share a store."""
+        return None
+
     def single_attempt(self) -> Storage:
         """This storage, or a twin of it whose client sends each request once.
 

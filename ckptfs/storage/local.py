@@ -622,6 +622,9 @@ class LocalStorage(Storage):
             raise StorageUnavailableError(f"{self.display_url}: does not exist, and there is no "
                                           f"write permission on {parent} to create it")
 
+    def local_root(self) -> str:
+        return os.path.realpath(self.root)
+
     def check_writable(self) -> None:
         """An existing root this user cannot write in (permission bits, a read-only mount):
         access(2) answers both without writing a byte. A root still to be made is `check`'s."""

@@ -740,6 +740,9 @@ class LogStorage(Storage):
     def check_writable(self) -> None:
         self.inner.check_writable()
 
+    def local_root(self) -> str:
+        return self.inner.local_root()
+
     def close(self) -> None:
         """Close the open logs; the storage stays usable (callers in flight look groups up again)."""
         with self._lock:

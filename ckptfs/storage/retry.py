@@ -301,5 +301,8 @@ class RetryingStorage(Storage):
     def check_writable(self) -> None:
         self.inner.check_writable()  # a local question, nothing to retry
 
+    def local_root(self) -> str | None:
+        return self.inner.local_root()
+
     def close(self) -> None:
         self.inner.close()

@@ -15,7 +15,6 @@ defeat the count, a documented limit.
 from __future__ import annotations
 
 import collections
-import os
 import threading
 
 from ckptfs.storage.base import Storage
@@ -30,9 +29,11 @@ _lock = threading.Lock()
 
 
 def local_root(storage: Storage) -> Root | None:
-    """The real path of a local store's root; None for other backends (no lease-backed reads)."""
+    """The real path of a local store's root; None for other backends (no lease-backed reads),
+    and for a local one behind another wrapper (a RetryingStorage), whose writes this module
+    cannot vouch for."""
     inner = storage.inner if isinstance(storage, LogStorage) else storage
-    return os.path.realpath(inner.root) if isinstance(inner, LocalStorage) else None
+    return inner.local_root() if isinstance(inner, LocalStorage) else None
 
 
 def register(root: Root | None) -> None:
