@@ -2,9 +2,9 @@
 
 A real child process (tests/_child_group_agent.py) runs 64 steps at a time on the local disk
 and writes down every acknowledgement it sees: each `step_completed` event and each tool
-result `arun` returned. The parent kills it at a random moment, loads the run in a fresh
-store and checks that every acknowledged completion and tool result is there, then starts a
-new child that resumes the run; several times over.
+result `arun` returned. The parent kills it at a random moment once it has made progress,
+loads the run in a fresh store and checks that every acknowledged completion and tool result
+is there, then starts a new child that resumes the run; several times over.
 """
 
 from __future__ import annotations
@@ -43,7 +43,15 @@ def test_sigkill_aexecute_run_64_in_flight_loses_no_acknowledged_step(tmp_path: 
                                  stdout=subprocess.PIPE, env=env)
         assert child.stdout is not None
         assert child.stdout.readline().strip() == b"ready"
-        time.sleep(rng.uniform(0.3, 0.9))
+        # Kill at a random moment after the child has finished at least one window of 64 new
+        # steps: a fixed sleep from "ready" killed a child still planning on a loaded machine
+        # (CI, 2026-12-02: nothing acknowledged at kill 4), which tests nothing.
+        deadline = time.monotonic() + 120
+        while len(acknowledged(side)[0]) < seen_done + 64:
+            assert child.poll() is None, f"kill {i}: the child exited ({child.returncode})"
+            assert time.monotonic() < deadline, f"kill {i}: no 64 steps completed in 120 s"
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.5))
         child.send_signal(signal.SIGKILL)
         assert child.wait() == -signal.SIGKILL
         done, tools = acknowledged(side)
