@@ -245,3 +245,32 @@ def test_export_refuses_an_output_inside_the_store_and_writes_nothing(store: Pat
     outside = tmp_path / "export.json"
     code, _, _ = cli("export", str(store), RUN, "--output", str(outside))
     assert code == 0 and json.loads(outside.read_text())["version"] == 17
+
+
+def test_a_run_whose_log_is_a_symlink_is_listed_and_named_not_hidden(store: Path, tmp_path: Path) -> None:
+    """A run directory whose `log/` is a symlink (never followed: it could lead out of the store)
+    vanished from `runs` and `show` said only "not found": the run is listed as unreadable
+    (exit 1) and every command that names it says what stands there. An empty run directory
+    (a forget cut short) is no run, and changes nothing."""
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(store / "runs" / RUN / "log", elsewhere)
+    (store / "runs" / "linked").mkdir()
+    (store / "runs" / "linked" / "log").symlink_to(elsewhere)
+    (store / "runs" / "empty").mkdir()
+    code, out, _ = cli("runs", str(store), "--json")
+    rows = {r["run_id"]: r for r in json.loads(out)["runs"]}
+    assert code == 1 and rows["linked"]["status"] == "unreadable", out
+    assert "runs/linked/log" in rows["linked"]["error"] and "symlink" in rows["linked"]["error"]
+    assert "empty" not in rows and rows[RUN]["completed_steps"] > 0
+    code, _, err = cli("runs", str(store))
+    assert code == 1 and "linked: runs/linked/ holds no version" in " ".join(err.split())
+    for cmd in ("show", "versions", "export"):
+        code, out, _ = cli(cmd, str(store), "linked", "--json")
+        doc = json.loads(out)
+        assert code == 2 and doc["error"]["code"] == "not-found", (cmd, out)
+        assert "only runs/linked/log" in doc["error"]["message"], (cmd, out)
+    code, out, _ = cli("show", str(store), "empty", "--json")
+    assert code == 2 and json.loads(out)["error"]["message"] == f"run 'empty' not found in {store}"
+    shutil.rmtree(store / "runs" / "linked")
+    code, out, _ = cli("runs", str(store), "--json")
+    assert code == 0 and "empty" not in {r["run_id"] for r in json.loads(out)["runs"]}

@@ -40,6 +40,8 @@ from ckptfs.errors import (
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from ckptfs.storage.base import Storage
+
 logger = logging.getLogger("ckptfs.cli")
 
 EXIT_OK = 0
@@ -92,13 +94,35 @@ class CliError(Exception):
         self.extra = extra or {}
 
 
-def run_not_found(run_ids: str | list[str], where: str) -> CliError:
+def run_not_found(run_ids: str | list[str], where: str, storage: Storage | None = None) -> CliError:
     """The one wording of "no such run" (show, versions, export, diff, forget, mirror, restore):
-    a run id the store does not hold is bad input, exit 2, code not-found."""
+    a run id the store does not hold is bad input, exit 2, code not-found. Given the storage, a
+    run directory that exists but holds no version says what stands there instead."""
     ids = [run_ids] if isinstance(run_ids, str) else run_ids
     if len(ids) == 1:
-        return CliError(f"run {ids[0]!r} not found in {where}", kind="not-found")
+        found = files_without_a_version(storage, ids[0]) if storage is not None else []
+        note = f"; {what_stands_there(ids[0], found)}" if found else ""
+        return CliError(f"run {ids[0]!r} not found in {where}{note}", kind="not-found")
     return CliError(f"runs {', '.join(repr(r) for r in ids)} not found in {where}", kind="not-found")
+
+
+def files_without_a_version(storage: Storage, run_id: str) -> list[str]:
+    """What lies under runs/<id>/ of a run no load finds. A symlink in place of `log/` (never
+    followed: it could lead out of the store) or a stray file made such a run vanish from `runs`
+    and `show` say "not found" with nothing to go on; [] for an empty directory (a forget cut
+    short, a first commit in flight), which is no run yet."""
+    from ckptfs.format.keys import run_prefix
+
+    try:
+        return storage.list(run_prefix(run_id))
+    except (StorageUnavailableError, InvalidIdError):
+        return []
+
+
+def what_stands_there(run_id: str, found: list[str]) -> str:
+    more = f" and {len(found) - 1} more" if len(found) > 1 else ""
+    return (f"runs/{run_id}/ holds no version ckptfs reads, only {found[0]}{more} (a symlink is "
+            "not followed); `ckptfs verify` says what each is")
 
 
 def dumps_json(doc: Any) -> str:

@@ -20,9 +20,11 @@ from ckptfs.cli._common import (
     dumps_json,
     emit_json,
     err,
+    files_without_a_version,
     out,
     run_not_found,
     warn,
+    what_stands_there,
 )
 from ckptfs.cli._options import add_json_arg, add_store_args, open_existing, store_target
 from ckptfs.cli._render import (
@@ -158,6 +160,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
             code = EXIT_PROBLEMS
             continue
         if s is None:
+            if found := files_without_a_version(storage, run_id):
+                rows.append({"run_id": run_id, "status": "unreadable",
+                             "error": what_stands_there(run_id, found)})
+                code = EXIT_PROBLEMS
             continue
         s["resumable"] = s["status"] in RESUMABLE_STATUSES
         rows.append(s)
@@ -184,6 +190,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print_table(console, cols, table, title=f"runs in {store.url}")
     else:
         console.print(f"no runs in {store.url}", markup=False)
+    for r in rows:  # the table's last column cuts a long reason short
+        if r["status"] in ("corrupt", "unreadable"):
+            warn(f"{r['run_id']}: {r['error']}")
     if threads:
         console.print(f"and {threads} LangGraph thread(s) under langgraph/: ckptfs threads {store.url}",
                       markup=False)
@@ -244,7 +253,7 @@ def _load(storage: Storage, run_id: str, version: int | None, artifacts: bool = 
 
         have = [i.version for i in list_versions(storage, run_id)]
         if not have:
-            raise run_not_found(run_id, storage.display_url) from None
+            raise run_not_found(run_id, storage.display_url, storage) from None
         raise CliError(f"run {run_id!r} has no version {version} that loads in "
                        f"{storage.display_url}; it has {len(have)}: {version_list(have)} "
                        "(`ckptfs versions` says which a restore can target)", kind="not-found") from None
@@ -258,7 +267,7 @@ def _load(storage: Storage, run_id: str, version: int | None, artifacts: bool = 
                        f"({len(exc.problems)} problem(s); first: {first}); see `ckptfs verify`",
                        kind="corrupt") from None
     if state is None:
-        raise run_not_found(run_id, storage.display_url)
+        raise run_not_found(run_id, storage.display_url, storage)
     return state
 
 
@@ -378,7 +387,7 @@ def cmd_versions(args: argparse.Namespace) -> int:
     storage = _storage(args)
     infos = list_versions(storage, args.run_id)
     if not infos:
-        raise run_not_found(args.run_id, storage.display_url)
+        raise run_not_found(args.run_id, storage.display_url, storage)
     # by file names; a version none of whose files decodes is no target (the restore would fail)
     points = set(restore_points(storage, args.run_id)) - {i.version for i in infos if not i.readable}
     for i in infos:
