@@ -274,3 +274,19 @@ def test_a_run_whose_log_is_a_symlink_is_listed_and_named_not_hidden(store: Path
     shutil.rmtree(store / "runs" / "linked")
     code, out, _ = cli("runs", str(store), "--json")
     assert code == 0 and "empty" not in {r["run_id"] for r in json.loads(out)["runs"]}
+
+
+def test_one_damaged_artifact_is_named_once_not_once_per_version_tried(store: Path, tmp_path: Path) -> None:
+    """Every version from the one that first holds an artifact on fails when its bytes are
+    damaged: export's `skipped` listed the same reason 42 times and stderr held 49 warning
+    lines. One reason, one warning, and the load is the version before the artifact."""
+    (artifact,) = [p for p in (store / "artifacts").rglob("*") if p.is_file()]
+    _flip(artifact)
+    key = artifact.relative_to(store).as_posix()
+    target = tmp_path / "export.json"
+    code, _, err = cli("export", str(store), RUN, "--output", str(target))
+    doc = json.loads(target.read_text())
+    assert code == 0 and len(doc["skipped"]) == 1 and key in doc["skipped"][0], doc["skipped"]
+    assert err.count(key) == 1 and "loaded version" in err, err
+    code, out, _ = cli("show", str(store), RUN, "--json")
+    assert code == 0 and json.loads(out)["version"] == doc["version"] < 17

@@ -466,13 +466,20 @@ class RunLoader:
                 tool_log[sid] = out
         except (ValidationError, InvalidIdError, CorruptFileError, ValueError, TypeError,
                 AttributeError, KeyError, IndexError) as exc:  # hostile shapes, not just bad values
-            problems.append(f"state at this version does not validate: {type(exc).__name__}: {exc}")
-            logger.warning("run %s: state does not validate: %s", run_id, exc)
+            problem = f"state at this version does not validate: {type(exc).__name__}: {exc}"
+            # One damaged artifact fails every version that holds it: named once, not once per
+            # version tried (42 lines); the load's one warning (`_warn_skipped`) or its error
+            # carries it, so each attempt's is only -v's.
+            if problem not in problems:
+                problems.append(problem)
+                logger.info("run %s: state does not validate: %s", run_id, exc)
             return None
         bad = graph_problems(run.steps)
         if bad:
-            problems.append("invalid step graph: " + "; ".join(bad[:3]))
-            logger.warning("run %s: invalid step graph: %s", run_id, bad[:3])
+            problem = "invalid step graph: " + "; ".join(bad[:3])
+            if problem not in problems:
+                problems.append(problem)
+                logger.info("run %s: invalid step graph: %s", run_id, bad[:3])
             return None
         return run, tool_log
 
