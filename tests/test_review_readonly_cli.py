@@ -290,3 +290,27 @@ def test_one_damaged_artifact_is_named_once_not_once_per_version_tried(store: Pa
     assert err.count(key) == 1 and "loaded version" in err, err
     code, out, _ = cli("show", str(store), RUN, "--json")
     assert code == 0 and json.loads(out)["version"] == doc["version"] < 17
+
+
+def test_an_output_directory_that_cannot_be_written_is_refused_before_the_load(store: Path,
+                                                                                 tmp_path: Path) -> None:
+    """`export --output` into a directory this user cannot write read the whole run first and
+    only then failed: it is refused up front (exit 2, not-writable), which shows in that a run
+    that does not exist is not even looked for, and a damaged version is never read."""
+    readonly = tmp_path / "ro"
+    readonly.mkdir()
+    readonly.chmod(0o555)
+    _flip(_log(store, 17))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTFS_")}
+    try:
+        for run in (RUN, "no-such-run"):
+            proc = subprocess.run([CLI, "export", str(store), run, "--output", str(readonly / "x.json"),
+                                   "--json"], capture_output=True, text=True, timeout=60,
+                                  cwd=QUIET_CWD, preexec_fn=drop_dac, env=env)
+            doc = json.loads(proc.stdout)
+            assert proc.returncode == 2 and doc["error"]["code"] == "not-writable", (run, proc.stdout)
+            assert str(readonly) in doc["error"]["message"]
+            assert "loaded version" not in proc.stderr and "skipping" not in proc.stderr, proc.stderr
+    finally:
+        readonly.chmod(0o755)
+    assert list(readonly.iterdir()) == []

@@ -8,7 +8,8 @@ gets a document:
      "exit_code": 2}
 
 Codes (exit code): usage (2), config (2), not-found (2), empty (2: nothing is stored at the URL),
-unreachable (2: the store cannot be reached), corrupt (1), conflict (1), lease-held (1: forget
+unreachable (2: the store cannot be reached), not-writable (2: a read-only directory or mount),
+no-space (2: a full disk), corrupt (1), conflict (1), lease-held (1: forget
 refused a run a worker holds), interrupted (130), internal (3: a bug; -vv logs the traceback).
 """
 

@@ -497,6 +497,9 @@ def _output_path(given: str) -> Path:
     if not target.parent.is_dir():
         what = "is not a directory" if target.parent.exists() else "does not exist"
         raise CliError(f"--output {given}: its directory {Path(given).parent} {what}")
+    if not os.access(target.parent, os.W_OK | os.X_OK):  # said now, not after the whole run was read
+        raise CliError(f"--output {given}: cannot write in {target.parent} (no permission, or a "
+                       "read-only file system)", kind="not-writable")
     return target
 
 
