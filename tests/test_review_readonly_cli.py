@@ -251,29 +251,34 @@ def test_a_run_whose_log_is_a_symlink_is_listed_and_named_not_hidden(store: Path
     """A run directory whose `log/` is a symlink (never followed: it could lead out of the store)
     vanished from `runs` and `show` said only "not found": the run is listed as unreadable
     (exit 1) and every command that names it says what stands there. An empty run directory
-    (a forget cut short) is no run, and changes nothing."""
+    (a forget cut short) and one holding only files that are not ckptfs's (what a forget keeps)
+    are no run, and change nothing."""
     elsewhere = tmp_path / "elsewhere"
     shutil.copytree(store / "runs" / RUN / "log", elsewhere)
     (store / "runs" / "linked").mkdir()
     (store / "runs" / "linked" / "log").symlink_to(elsewhere)
     (store / "runs" / "empty").mkdir()
+    (store / "runs" / "kept" / "log").mkdir(parents=True)
+    (store / "runs" / "kept" / "log" / "notes.txt").write_text("mine")
     code, out, _ = cli("runs", str(store), "--json")
     rows = {r["run_id"]: r for r in json.loads(out)["runs"]}
     assert code == 1 and rows["linked"]["status"] == "unreadable", out
-    assert "runs/linked/log" in rows["linked"]["error"] and "symlink" in rows["linked"]["error"]
-    assert "empty" not in rows and rows[RUN]["completed_steps"] > 0
+    assert "runs/linked/log: not a directory" in rows["linked"]["error"]
+    assert "symlink" in rows["linked"]["error"]
+    assert "empty" not in rows and "kept" not in rows and rows[RUN]["completed_steps"] > 0
     code, _, err = cli("runs", str(store))
-    assert code == 1 and "linked: runs/linked/ holds no version" in " ".join(err.split())
+    assert code == 1 and "linked: runs/linked/log: not a directory" in " ".join(err.split())
     for cmd in ("show", "versions", "export"):
         code, out, _ = cli(cmd, str(store), "linked", "--json")
         doc = json.loads(out)
         assert code == 2 and doc["error"]["code"] == "not-found", (cmd, out)
-        assert "only runs/linked/log" in doc["error"]["message"], (cmd, out)
-    code, out, _ = cli("show", str(store), "empty", "--json")
-    assert code == 2 and json.loads(out)["error"]["message"] == f"run 'empty' not found in {store}"
+        assert "; runs/linked/log: not a directory" in doc["error"]["message"], (cmd, out)
+    for run in ("empty", "kept"):
+        code, out, _ = cli("show", str(store), run, "--json")
+        assert code == 2 and json.loads(out)["error"]["message"] == f"run {run!r} not found in {store}"
     shutil.rmtree(store / "runs" / "linked")
     code, out, _ = cli("runs", str(store), "--json")
-    assert code == 0 and "empty" not in {r["run_id"] for r in json.loads(out)["runs"]}
+    assert code == 0 and {"empty", "kept"}.isdisjoint(r["run_id"] for r in json.loads(out)["runs"])
 
 
 def test_one_damaged_artifact_is_named_once_not_once_per_version_tried(store: Path, tmp_path: Path) -> None:

@@ -98,32 +98,35 @@ class CliError(Exception):
 def run_not_found(run_ids: str | list[str], where: str, storage: Storage | None = None) -> CliError:
     """The one wording of "no such run" (show, versions, export, diff, forget, mirror, restore):
     a run id the store does not hold is bad input, exit 2, code not-found. Given the storage, a
-    run directory that exists but holds no version says what stands there instead."""
+    run whose folders something else stands in place of is named with it."""
     ids = [run_ids] if isinstance(run_ids, str) else run_ids
     if len(ids) == 1:
-        found = files_without_a_version(storage, ids[0]) if storage is not None else []
-        note = f"; {what_stands_there(ids[0], found)}" if found else ""
+        blocked = blocked_run_dirs(storage, ids[0]) if storage is not None else []
+        note = f"; {what_stands_there(blocked)}" if blocked else ""
         return CliError(f"run {ids[0]!r} not found in {where}{note}", kind="not-found")
     return CliError(f"runs {', '.join(repr(r) for r in ids)} not found in {where}", kind="not-found")
 
 
-def files_without_a_version(storage: Storage, run_id: str) -> list[str]:
-    """What lies under runs/<id>/ of a run no load finds. A symlink in place of `log/` (never
-    followed: it could lead out of the store) or a stray file made such a run vanish from `runs`
-    and `show` say "not found" with nothing to go on; [] for an empty directory (a forget cut
-    short, a first commit in flight), which is no run yet."""
+def blocked_run_dirs(storage: Storage, run_id: str) -> list[str]:
+    """What stands, not being a directory, where a run's own folders belong (`log`, `delta`,
+    `snap`) in a run no load finds: a symlink (never followed: it could lead out of the store)
+    or a file. Such a run vanished from `runs`, and `show` said "not found" with nothing to go
+    on. Anything else left in a run directory is no run: a forget keeps files that are not
+    ckptfs's, and an empty directory is a forget cut short or a first commit in flight."""
     from ckptfs.format.keys import run_prefix
 
+    prefix = run_prefix(run_id)
     try:
-        return storage.list(run_prefix(run_id))
+        keys = storage.list(prefix)
     except (StorageUnavailableError, InvalidIdError):
         return []
+    return [k for k in keys if k[len(prefix):] in ("log", "delta", "snap")]
 
 
-def what_stands_there(run_id: str, found: list[str]) -> str:
-    more = f" and {len(found) - 1} more" if len(found) > 1 else ""
-    return (f"runs/{run_id}/ holds no version ckptfs reads, only {found[0]}{more} (a symlink is "
-            "not followed); `ckptfs verify` says what each is")
+def what_stands_there(blocked: list[str]) -> str:
+    names = " and ".join(blocked)
+    return (f"{names}: not a directory (a symlink, never followed, or a file), so no version of "
+            "the run can be read; `ckptfs verify` says what each is")
 
 
 def dumps_json(doc: Any) -> str:

@@ -17,10 +17,10 @@ from ckptfs.cli._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
     CliError,
+    blocked_run_dirs,
     dumps_json,
     emit_json,
     err,
-    files_without_a_version,
     out,
     run_not_found,
     warn,
@@ -160,9 +160,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
             code = EXIT_PROBLEMS
             continue
         if s is None:
-            if found := files_without_a_version(storage, run_id):
-                rows.append({"run_id": run_id, "status": "unreadable",
-                             "error": what_stands_there(run_id, found)})
+            if blocked := blocked_run_dirs(storage, run_id):
+                rows.append({"run_id": run_id, "status": "unreadable", "error": what_stands_there(blocked)})
                 code = EXIT_PROBLEMS
             continue
         s["resumable"] = s["status"] in RESUMABLE_STATUSES
