@@ -319,7 +319,10 @@ def test_refused_connection_fails_fast(tmp_path: Path, store: Path) -> None:
         took = time.monotonic() - t0
         assert code == 2 and doc["error"]["code"] == "unreachable", (args, doc)
         assert len(err.strip().splitlines()) == 1, err
-        assert took < 5, f"{args[0]} took {took:.1f}s to fail"
+        # What this guards is retries hidden behind a refused connection (tens of seconds, once
+        # 80 s); the command itself takes 1-1.8 s quiet here and 5.1 s was seen under a loaded
+        # suite, so the bound leaves room for the machine and none for a retry loop.
+        assert took < 15, f"{args[0]} took {took:.1f}s to fail"
         assert url in doc["error"]["message"]
 
 
