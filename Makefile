@@ -4,12 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-# The suite runs on two workers per core, at most 8 (pytest-xdist): much of its time is
-# subprocesses, kills and network waits, so a second worker per core fills the waits (2 cores,
-# 2026-12-03: 9 min 29 s with 2 workers, 7 min 54 s-8 min 0 s with 4). Each worker has its
-# own embedded S3 server. `make test PYTEST_WORKERS=` runs it in one process.
-CORES := $(shell nproc 2>/dev/null || echo 1)
-PYTEST_WORKERS ?= -n $(shell w=$$(( 2 * $(CORES) )); [ $$w -gt 8 ] && w=8; echo $$w) --dist worksteal
+# The suite runs on every core (pytest-xdist): most of its time is subprocesses, kills and
+# network waits, and each worker has its own embedded S3 server. `make test PYTEST_WORKERS=`
+# runs it in one process.
+PYTEST_WORKERS ?= -n auto --dist worksteal
 
 .PHONY: demo test lint typecheck bench bench-scale clean venv langgraph-demo workers-demo test-lgmin
 
