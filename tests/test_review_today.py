@@ -1,0 +1,63 @@
+"""A hostile user's second look at the day's read-only changes (export --output inside the
+store, symlinked run folders, the loader's one named reason per skip) through the real
+`ckptfs` executable and the library."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_cli_commands import _agent_store, cli
+
+RUN = "papers"
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("review-today") / "store"
+    _agent_store(root)  # papers: v1..v17, snapshots at 3, 6, 9, 12, 15; finished: v1..v2
+    return root
+
+
+@pytest.fixture
+def store(pristine: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "store"
+    shutil.copytree(pristine, root, symlinks=True)
+    return root
+
+
+def _flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _log(root: Path, version: int) -> Path:
+    return root / "runs" / RUN / "log" / f"{version:012d}.ckpt"
+
+
+def _files(root: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_export_refuses_the_store_reached_by_another_path_than_its_own(store: Path, tmp_path: Path) -> None:
+    """The inside-the-store check compared path strings (links resolved): the same directory
+    by another path (a bind mount, a container's second mount of a volume, a case-insensitive
+    file system's other spelling) passed, and `--output ALIAS/runs/papers/log/...17.ckpt`
+    replaced v17's record with the export's JSON. The directory itself is compared."""
+    alias = tmp_path / "alias"
+    alias.mkdir()
+    if subprocess.run(["mount", "--bind", str(store), str(alias)], capture_output=True).returncode:
+        pytest.skip("no bind mount here (needs root and CAP_SYS_ADMIN)")
+    try:
+        before = _files(store)
+        for given in (alias / "runs" / RUN / "log" / f"{17:012d}.ckpt", alias / "export.json"):
+            code, out, err = cli("export", str(store), RUN, "--output", str(given), "--json")
+            assert code == 2, (given, err)
+            assert "inside the store" in json.loads(out)["error"]["message"], (given, out)
+        assert _files(store) == before
+    finally:
+        subprocess.run(["umount", str(alias)], check=True)
