@@ -61,3 +61,15 @@ def test_export_refuses_the_store_reached_by_another_path_than_its_own(store: Pa
         assert _files(store) == before
     finally:
         subprocess.run(["umount", str(alias)], check=True)
+
+
+def test_export_refuses_an_output_inside_a_store_named_by_local_url(store: Path) -> None:
+    """`local:///path` opens the same directory through fsspec's local file system, whose
+    storage named no local root: `export local://STORE papers --output STORE/runs/papers/log/
+    ...17.ckpt` exited 0 and v17 was JSON. Refused as for a plain path or file://."""
+    before = _files(store)
+    for given in (_log(store, 17), store / "export.json"):
+        code, out, err = cli("export", f"local://{store}", RUN, "--output", str(given), "--json")
+        assert code == 2, (given, err)
+        assert "inside the store" in json.loads(out)["error"]["message"], (given, out)
+    assert _files(store) == before

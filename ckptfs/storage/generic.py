@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
 import shutil
 import threading
 from collections.abc import Mapping
@@ -43,6 +44,12 @@ class FsspecStorage(Storage):
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{check_key(key)}"
+
+    def local_root(self) -> str | None:
+        """A `local://` URL is a directory on this machine too: an export must not write into it."""
+        from fsspec.implementations.local import LocalFileSystem
+
+        return os.path.realpath(self.root) if isinstance(self.fs, LocalFileSystem) else None
 
     def _etag_of(self, data: bytes) -> str:
         return hashlib.sha256(data).hexdigest()
