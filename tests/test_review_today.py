@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 from test_cli_commands import _agent_store, cli
 
+from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
+from ckptfs.errors import CheckpointCorruptError
+
 RUN = "papers"
 
 
@@ -73,3 +76,31 @@ def test_export_refuses_an_output_inside_a_store_named_by_local_url(store: Path)
         assert code == 2, (given, err)
         assert "inside the store" in json.loads(out)["error"]["message"], (given, out)
     assert _files(store) == before
+
+
+def test_a_run_none_of_whose_versions_loads_names_every_distinct_reason(tmp_path: Path) -> None:
+    """v1 holds artifact C, v2 replaced it by artifact D; both damaged, no version loads. The
+    per-attempt warnings that named each are -v's now, and show/export's error said "2
+    problem(s); first: ...D...": C was named nowhere at default verbosity. The error names
+    both, as the library's CheckpointCorruptError does."""
+    root = tmp_path / "two-bad"
+    store = CheckpointStore(str(root), artifact_threshold=1024)
+    run = AgentRun(run_id="r", goal="g")
+    run.add_step(Step(id="x", title="x", status=StepStatus.COMPLETED, result="C" * 5000))
+    store.save_run(run)
+    run.steps["x"].result = "ok"
+    run.add_step(Step(id="y", title="y", status=StepStatus.COMPLETED, result="D" * 5000))
+    store.save_run(run)
+    store.close()
+    artifacts = [p for p in (root / "artifacts").rglob("*") if p.is_file()]
+    assert len(artifacts) == 2
+    for p in artifacts:
+        _flip(p)
+    names = [p.name for p in artifacts]
+    with pytest.raises(CheckpointCorruptError) as caught:
+        CheckpointStore(str(root)).load_run("r")
+    assert all(n in str(caught.value) for n in names)
+    for cmd in ("show", "export"):
+        code, _, err = cli(cmd, str(root), "r")
+        assert code == 1, err
+        assert all(n in err for n in names), (cmd, err)

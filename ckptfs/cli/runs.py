@@ -257,13 +257,15 @@ def _load(storage: Storage, run_id: str, version: int | None, artifacts: bool = 
                        f"{storage.display_url}; it has {len(have)}: {version_list(have)} "
                        "(`ckptfs versions` says which a restore can target)", kind="not-found") from None
     except CheckpointCorruptError as exc:
-        # files exist but none loads (each was skipped with a warning naming it); with a
-        # version given, only that one: the others may load
-        first = exc.problems[0] if exc.problems else "no file could be read"
+        # files exist but none loads; with a version given, only that one: the others may load.
+        # Each distinct reason is named (the load lists each once; the per-attempt lines that
+        # also named them are -v's): two damaged artifacts are two reasons, not "first: one".
+        problems = exc.problems or ["no file could be read"]
+        shown = "; ".join(problems[:5]) + (f"; (+{len(problems) - 5} more)" if len(problems) > 5 else "")
         what = "no stored version could be loaded" if version is None else \
             f"version {version} could not be loaded"
         raise CliError(f"run {run_id!r} in {storage.display_url}: {what} "
-                       f"({len(exc.problems)} problem(s); first: {first}); see `ckptfs verify`",
+                       f"({len(exc.problems)} problem(s): {shown}); see `ckptfs verify`",
                        kind="corrupt") from None
     if state is None:
         raise run_not_found(run_id, storage.display_url, storage)
