@@ -25,11 +25,13 @@ damaged base is caught rather than returned.
 from __future__ import annotations
 
 import json
+import math
 import struct
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import xxhash
 import zstandard
 
@@ -47,7 +49,11 @@ _PROBE = 64  # bytes of the base's end looked for in the new value
 _WIDE_PROBE = 1024
 _SHIFTS = sorted(range(-16, 17), key=abs)  # length-prefix changes tried, smallest first
 _U32 = struct.Struct("<I")
-# One encoder for every header: json.dumps with options builds a new one per call.
+# Headers are JSON. msgspec writes them 15-20x faster than the standard library (0.6 us against
+# 10 us warm, ~17 us in a put's cold caches, of a 10-message put's ~200 us of our own) and reads
+# them 3x faster; the standard library stays for what msgspec would do differently (below).
+_FAST_JSON_OUT = msgspec.json.Encoder()
+_FAST_JSON_IN = msgspec.json.Decoder()
 _HEADER_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 _local = threading.local()  # zstd (de)compressors are not thread-safe; one per thread is reused
 
@@ -264,10 +270,40 @@ def decompress(frame: bytes, key: str, base: bytes | None = None,
     return out
 
 
+def _non_finite(header: dict[str, Any]) -> bool:
+    """Whether a channel version in the header's refs (the only user values in a header) is a
+    NaN or an infinity: msgspec would write it as null, where JSON has no spelling for it."""
+    refs = header.get("refs")
+    return isinstance(refs, dict) and any(
+        isinstance(ref, list) and len(ref) > 1 and isinstance(ref[1], float) and not math.isfinite(ref[1])
+        for ref in refs.values())
+
+
+def encode_header(header: dict[str, Any]) -> bytes:
+    """The header's JSON, compact, UTF-8. A value msgspec cannot write, or would write as null
+    (NaN, infinities), goes through the standard library's encoder, which raises as it always has."""
+    if not _non_finite(header):
+        try:
+            return _FAST_JSON_OUT.encode(header)
+        except (TypeError, OverflowError):
+            pass  # an unusual type (an int subclass, say): the standard encoder decides
+    return _HEADER_JSON.encode(header).encode()
+
+
+def decode_header(data: bytes | memoryview) -> Any:
+    """A header's JSON. What msgspec refuses but the standard library reads (a NaN literal, an
+    escaped lone surrogate, a number past a double's range) is read as before, by the standard
+    library; what neither reads raises its ValueError (json.JSONDecodeError, UnicodeDecodeError)."""
+    try:
+        return _FAST_JSON_IN.decode(data)
+    except msgspec.MsgspecError:
+        return json.loads(bytes(data))
+
+
 def pack(header: dict[str, Any], raw: bytes, parts: list[Part]) -> bytes:
     """Build one object; `header` gains the part list, `raw` goes after it in frame0."""
     header = dict(header, v=FORMAT_VERSION, parts=[p.meta() for p in parts])
-    head = _HEADER_JSON.encode(header).encode()
+    head = encode_header(header)
     frame0 = compress_full(_U32.pack(len(head)) + head + raw)
     return b"".join([MAGIC, _U32.pack(len(frame0)), frame0, *(p.frame for p in parts)])
 
@@ -289,7 +325,7 @@ def unpack(data: bytes, key: str, max_size: int = DEFAULT_MAX_DECODED) -> Unpack
         raise CorruptFileError(key, "header is truncated")
     (nh,) = _U32.unpack_from(payload, 0)
     try:
-        header = json.loads(payload[4 : 4 + nh])
+        header = decode_header(payload[4 : 4 + nh])
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CorruptFileError(key, f"header is not JSON: {exc}") from None
     if not isinstance(header, dict) or header.get("v") not in READABLE_VERSIONS:
