@@ -26,7 +26,9 @@ def test_refresh_is_not_stale_when_retention_kept_only_the_newest_snapshot(tmp_p
     """keep_last=1 and a snapshot at the newest version: retention removes every journal record,
     so LISTing log/ after the head finds nothing. That is not 'nothing new'."""
     u = str(tmp_path / "s")
-    a = CheckpointStore(u, policy=CompactionPolicy(min_snapshot_bytes=1, keep_last=1, background=False))
+    # a snapshot at every commit, whatever the sizes (a snapshot's header holds the summary too)
+    a = CheckpointStore(u, policy=CompactionPolicy(min_snapshot_bytes=1, snapshot_ratio=0.001, keep_last=1,
+                                                   background=False))
     a.save_run(_run())
     b = CheckpointStore(u)
     assert b.refresh("r") is not None  # b's head: v1

@@ -313,7 +313,8 @@ class CheckpointStore:
         plain = {sid: mj for sid in changes.steps
                  if (mj := head.steps_cmp.get(sid)) is not None and not codec.is_packed(mj)}
         entry = Entry(0, head.version, head.hash, version, h, changes, len(data),
-                      head_plain=plain, packed_back=head.packed_later if plain else None)
+                      head_plain=plain, packed_back=head.packed_later if plain else None,
+                      summary=header.summary)
         head.moved_on(version, steps_changed=bool(changes.steps))
         head.version, head.hash, head.next_version = version, h, version + 1
         head.confirmed_at = started

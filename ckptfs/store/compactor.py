@@ -38,8 +38,8 @@ from ckptfs.store.retention import doomed_files, keeps_fences
 
 logger = logging.getLogger(__name__)
 
-# encode(kind, run_id, version, base, base_hash, hash, changes) -> file bytes
-Encode = Callable[[codec.RecordKind, str, int, int, str, str, Changes], bytes]
+# encode(kind, run_id, version, base, base_hash, hash, changes, summary) -> file bytes
+Encode = Callable[[codec.RecordKind, str, int, int, str, str, Changes, dict[str, Any]], bytes]
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,10 @@ class Entry:
     # where the record holds those same bytes, so the head and the replica share one copy.
     head_plain: dict[str, codec.Fragment] = field(default_factory=dict)
     packed_back: collections.deque[tuple[str, codec.Fragment, bytes]] | None = None
+    # The header summary (goal, status, counts) of the journal record at `version`: a delta or
+    # snapshot ending there carries it too, so `versions` still tells a version's status once
+    # retention has deleted the record itself (every pruned run's oldest kept snapshot).
+    summary: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -121,6 +125,7 @@ class RunCompaction:
     files: list[RunFile] = field(default_factory=list)
     logs_gone: int = 0
     listed: bool = False
+    summary: dict[str, Any] = field(default_factory=dict)  # the newest merged record's (Entry.summary)
 
 
 class Compactor:
@@ -238,7 +243,7 @@ class Compactor:
         if rc is None or rc.version != entry.base:
             return  # this process no longer owns the run's head; nothing consistent to merge
         rc.replica.merge(packed, full_state=True)
-        rc.version, rc.hash = entry.version, entry.hash
+        rc.version, rc.hash, rc.summary = entry.version, entry.hash, entry.summary
         rc.stack.append(entry)
         encode = self._encode()
         if encode is None:
@@ -274,7 +279,7 @@ class Compactor:
             first, last = top[0], top[-1]
             try:
                 data = encode("delta", run_id, last.version, first.base, first.base_hash,
-                              last.hash, merged)
+                              last.hash, merged, last.summary)
             except RecordTooLargeError as exc:  # a delta is optional: loads read the records
                 logger.warning("run %s: not writing delta v%d-v%d: %s", run_id, first.base,
                                last.version, exc)
@@ -291,11 +296,12 @@ class Compactor:
                                               for sid, frag in merged.steps.items()},
                                  merged.tool_log).packed()
             rc.stack[-f:] = [Entry(level + 1, first.base, first.base_hash, last.version,
-                                    last.hash, merged, size)]
+                                    last.hash, merged, size, summary=last.summary)]
 
     def _snapshot(self, encode: Encode, run_id: str, rc: RunCompaction) -> None:
         try:
-            data = encode("snapshot", run_id, rc.version, rc.version, rc.hash, rc.hash, rc.replica)
+            data = encode("snapshot", run_id, rc.version, rc.version, rc.hash, rc.hash, rc.replica,
+                          rc.summary)
         except RecordTooLargeError as exc:
             # The state outgrew what a load decodes in one file. Writing it anyway would be
             # worse than useless: retention counts it as a kept snapshot and deletes the

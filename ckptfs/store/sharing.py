@@ -138,7 +138,8 @@ def apply_record(loader: RunLoader, head: Head, rec: codec.Record, submit: Submi
                             if k in h.summary}
     if info:
         head.run_info = info
-    entry = Entry(0, head.version, head.hash, h.version, h.hash, changes, rec.stored_size)
+    entry = Entry(0, head.version, head.hash, h.version, h.hash, changes, rec.stored_size,
+                  summary=dict(h.summary))
     head.version, head.hash = h.version, h.hash
     head.next_version = max(head.next_version, h.version + 1)
     submit("commit", (head.run_id, entry))

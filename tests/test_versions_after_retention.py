@@ -1,0 +1,39 @@
+"""`ckptfs versions` on a run retention has pruned: the oldest kept snapshot's journal record is
+gone, and the version must still say its status and progress (from the snapshot's own header)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from test_cli_commands import cli
+
+from ckptfs import AgentRun, CheckpointStore, CompactionPolicy, Step, StepStatus
+
+
+def test_a_version_left_only_as_a_snapshot_keeps_its_status(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    policy = CompactionPolicy(fanout=4, max_plan=6, min_snapshot_bytes=1500, keep_last=1, background=False)
+    store = CheckpointStore(str(root), policy=policy)
+    run = AgentRun(run_id="papers", goal="summarise forty papers")
+    for i in range(40):
+        run.add_step(Step(id=f"p{i}", title=f"paper {i}"))
+    store.save_run(run)
+    for i in range(40):
+        step = run.steps[f"p{i}"]
+        step.status, step.result = StepStatus.COMPLETED, "x" * 200 + str(i)
+        store.save_run(run)
+    store.close()
+    snaps = sorted(int(p.stem) for p in (root / "runs" / "papers" / "snap").iterdir())
+    logs = {int(p.stem) for p in (root / "runs" / "papers" / "log").iterdir()}
+    only_snap = [v for v in snaps if v not in logs]
+    assert only_snap, f"retention kept every journal record (snapshots {snaps}); nothing to test"
+    code, out, err = cli("versions", str(root), "papers", "--json")
+    assert code == 0, err
+    rows = {v["version"]: v for v in json.loads(out)["versions"]}
+    for v in only_snap:
+        assert rows[v]["status"] == "running", rows[v]
+        assert rows[v]["completed"] == v - 1 and rows[v]["total"] == 40, rows[v]
+    code, out, _ = cli("versions", str(root), "papers")
+    line = next(x for x in out.splitlines() if x.split()[:2] == [str(only_snap[0]), "snap"])
+    assert "running" in line and f"{only_snap[0] - 1}/40" in line, line
