@@ -101,32 +101,31 @@ def run_not_found(run_ids: str | list[str], where: str, storage: Storage | None 
     run whose folders something else stands in place of is named with it."""
     ids = [run_ids] if isinstance(run_ids, str) else run_ids
     if len(ids) == 1:
-        blocked = blocked_run_dirs(storage, ids[0]) if storage is not None else []
+        blocked = blocked_dirs_of(storage, ids[0]) if storage is not None else []
         note = f"; {what_stands_there(blocked)}" if blocked else ""
         return CliError(f"run {ids[0]!r} not found in {where}{note}", kind="not-found")
     return CliError(f"runs {', '.join(repr(r) for r in ids)} not found in {where}", kind="not-found")
 
 
-def blocked_run_dirs(storage: Storage, run_id: str) -> list[str]:
+def blocked_dirs_of(storage: Storage, run_id: str) -> list[str]:
     """What stands, not being a directory, where a run's own folders belong (`log`, `delta`,
-    `snap`) in a run no load finds: a symlink (never followed: it could lead out of the store)
-    or a file. Such a run vanished from `runs`, and `show` said "not found" with nothing to go
-    on. Anything else left in a run directory is no run: a forget keeps files that are not
-    ckptfs's, and an empty directory is a forget cut short or a first commit in flight."""
-    from ckptfs.format.keys import run_prefix
+    `snap`) in a run no load finds (`format.keys.blocked_run_dirs`): such a run vanished from
+    `runs`, and `show` said "not found" with nothing to go on. Anything else left in a run
+    directory is no run: a forget keeps files that are not ckptfs's, and an empty directory is
+    a forget cut short or a first commit in flight."""
+    from ckptfs.format.keys import blocked_run_dirs, run_prefix
 
-    prefix = run_prefix(run_id)
     try:
-        keys = storage.list(prefix)
+        return blocked_run_dirs(storage.list(run_prefix(run_id)))
     except (StorageUnavailableError, InvalidIdError):
         return []
-    return [k for k in keys if k[len(prefix):] in ("log", "delta", "snap")]
 
 
 def what_stands_there(blocked: list[str]) -> str:
-    names = " and ".join(blocked)
-    return (f"{names}: not a directory (a symlink, never followed, or a file), so no version of "
-            "the run can be read; `ckptfs verify` says what each is")
+    from ckptfs.format.keys import not_a_directory
+
+    return (f"{not_a_directory(blocked)}, so no version of the run can be read; "
+            "`ckptfs verify` says what each is")
 
 
 def dumps_json(doc: Any) -> str:

@@ -160,7 +160,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
             kinds[kind] = kinds.get(kind, 0) + 1
         what = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "-"
         kept = r.kept_snapshots
-        rows.append([r.run_id, f"{len(kept)}: " + ", ".join(f"v{v}" for v in kept) if kept
+        rows.append([r.run_id, "a folder is no directory: nothing removed (see below)" if r.unread
+                     else f"{len(kept)}: " + ", ".join(f"v{v}" for v in kept) if kept
                      else f"fewer than {args.keep_last} valid: nothing removed",
                      str(len(r.deleted)), what])
     title = f"prune {report.url} --keep-last {args.keep_last}" + (" (dry run)" if args.dry_run else "")

@@ -186,10 +186,10 @@ def _named_runs(source: Target, runs: list[str] | None) -> list[str] | None:
             return None
         ids = list(dict.fromkeys(validate_id(r, "run id") for r in runs))
         unknown = [r for r in ids if not run_files(storage, r)[0]]
+        if unknown:  # named with what stands where its folders belong, if anything does
+            raise run_not_found(unknown, source.describe(), storage)
     finally:
         storage.close()
-    if unknown:
-        raise run_not_found(unknown, source.describe())
     return ids
 
 

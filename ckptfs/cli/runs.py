@@ -17,7 +17,7 @@ from ckptfs.cli._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
     CliError,
-    blocked_run_dirs,
+    blocked_dirs_of,
     dumps_json,
     emit_json,
     err,
@@ -160,7 +160,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
             code = EXIT_PROBLEMS
             continue
         if s is None:
-            if blocked := blocked_run_dirs(storage, run_id):
+            if blocked := blocked_dirs_of(storage, run_id):
                 rows.append({"run_id": run_id, "status": "unreadable", "error": what_stands_there(blocked)})
                 code = EXIT_PROBLEMS
             continue

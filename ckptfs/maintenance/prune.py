@@ -11,7 +11,9 @@ each candidate's age is read again right before its delete, so such bytes count 
 
 Artifact collection is refused outright when any remaining run file cannot be decoded:
 its references are unknowable, and deleting what it might point at could make a
-repairable store worse.
+repairable store worse. The same holds for a run folder (`log/`, `delta/`, `snap/`) that is no
+directory (a symlink, never followed, or a file): its run's retention removes nothing, as
+what it holds is unknown, and nothing is collected.
 """
 
 from __future__ import annotations
@@ -23,7 +25,16 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ckptfs.errors import ConfigError, CorruptFileError, RunNotFoundError
-from ckptfs.format.keys import ARTIFACTS, RUNS, artifact_key, classify, parse_artifact_key, run_dirs
+from ckptfs.format.keys import (
+    ARTIFACTS,
+    RUNS,
+    artifact_key,
+    blocked_run_dirs,
+    classify,
+    not_a_directory,
+    parse_artifact_key,
+    run_dirs,
+)
 from ckptfs.format.models import ArtifactRef, validate_id
 from ckptfs.format.reader import collect_refs, decode_run_file
 from ckptfs.format.units import parse_duration as parse_duration
@@ -95,17 +106,27 @@ def prune(
     report = PruneReport(storage.display_url, keep_last, dry_run, artifact_grace)
     # One listing, read the way every command reads it: a bad URL is an error, not "nothing to
     # do"; an entry that is not ours (runs/.snapshot, an over-long name) is reported and skipped.
-    listing = classify(list_keys(storage, f"{RUNS}/" if run_id is None else f"{RUNS}/{run_id}/"))
+    keys = list_keys(storage, f"{RUNS}/" if run_id is None else f"{RUNS}/{run_id}/")
+    listing = classify(keys)
     if run_id is None:
         _ids, odd = run_dirs(storage.list_dirs(RUNS))
         report.problems += [f"skipped {key}: {why}" for key, why in odd]
     store = CheckpointStore(storage=storage, policy=CompactionPolicy(keep_last=keep_last, background=False))
     run_ids = sorted(listing.runs)
+    # A run none of whose files is listed, only folders that are no directory: not pruned
+    # (it has nothing to prune that can be seen), and said, since what they hold is unknown.
+    unseen = [k for k in blocked_run_dirs(keys) if k.split("/")[1] not in listing.runs]
     if run_id is not None and not run_ids:
-        raise RunNotFoundError(f"run {run_id!r} not found in {storage.display_url}")
+        note = f"; {not_a_directory(unseen)}, so no version of it can be read" if unseen else ""
+        raise RunNotFoundError(f"run {run_id!r} not found in {storage.display_url}{note}")
+    report.problems += [f"{not_a_directory([k])}: no version of run {k.split('/')[1]!r} can be read; "
+                        "it is not pruned" for k in unseen]
     for rid in run_ids:
         result = store.apply_retention(rid, keep_last, dry_run=dry_run)
-        if len(result.kept_snapshots) < keep_last:
+        if result.unread:
+            report.problems += [f"{why}; run {rid!r} is not pruned: nothing of it is removed"
+                                for why in result.unread]
+        elif len(result.kept_snapshots) < keep_last:
             logger.info("run %s: %d valid snapshot(s), fewer than %d: nothing removed", rid,
                         len(result.kept_snapshots), keep_last)
         report.runs.append(result)
@@ -119,8 +140,11 @@ def prune(
 def _referenced(storage: Storage, doomed: set[str], seen: set[str]) -> tuple[set[str], list[str]]:
     """Every artifact sha referenced by a run file that stays, and the files that could not be read."""
     refs: dict[str, ArtifactRef] = {}
-    unreadable: list[str] = []
-    listing = classify(list_keys(storage, f"{RUNS}/"))
+    keys = list_keys(storage, f"{RUNS}/")
+    # a folder that is no directory holds (or leads to) files no listing shows: their
+    # references are as unknown as those of a file that cannot be decoded
+    unreadable = [not_a_directory([k]) for k in blocked_run_dirs(keys)]
+    listing = classify(keys)
     for rid, files in listing.runs.items():
         for rf in files:
             if rf.key in doomed or rf.key in seen:
@@ -143,7 +167,7 @@ def _collect_artifacts(storage: Storage, report: PruneReport, now: float) -> Non
     seen: set[str] = set()
     refs, unreadable = _referenced(storage, doomed, seen)
     if unreadable:
-        report.artifact_gc = (f"skipped: {len(unreadable)} run file(s) cannot be read, so their "
+        report.artifact_gc = (f"skipped: {len(unreadable)} run file(s) or folder(s) cannot be read, so their "
                               f"references are unknown; run `ckptfs verify` (first: {unreadable[0]})")
         report.problems.append(report.artifact_gc)
         return

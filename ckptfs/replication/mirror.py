@@ -55,7 +55,7 @@ from ckptfs.errors import (
     CorruptFileError,
     StorageUnavailableError,
 )
-from ckptfs.format.keys import namespace_plugin
+from ckptfs.format.keys import RunFile, namespace_plugin
 from ckptfs.replication.copy import (
     DEFAULT_ATTEMPTS,
     DEFAULT_WORKERS,
@@ -76,7 +76,7 @@ from ckptfs.storage.registry import list_keys
 from ckptfs.store.artifacts import TOUCH_AFTER
 from ckptfs.store.checkpoint_store import CheckpointStore
 from ckptfs.store.compactor import CompactionPolicy
-from ckptfs.store.loader import gc_paused
+from ckptfs.store.loader import gc_paused, unread_folders
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +143,26 @@ class Mirror:
 
     def _run_once(self, run_id: str, every_n: int, latest: bool, keep_last: int | None,
                   progress: Progress) -> RunResult:
+        """The run's newest restore point, copied when due. A folder of the run that is no
+        directory at the source (a symlink, never followed, or a file) makes it incomplete
+        whatever was copied: the versions there are on no mirror, and a pass that said
+        "mirrored 15" while the source held 17 left a replica short of them in silence. What
+        the source can load is still copied (a consistent, older point); the mirror's own
+        retention waits until the run is whole."""
         src_files, src_keys = run_files(self.src, run_id)
+        unread = unread_folders(src_keys)
+        res = self._point(run_id, src_files, src_keys, every_n, latest,
+                          None if unread else keep_last, progress)
+        if unread:
+            reasons = [f"{why}, so they are not mirrored" for why in unread]
+            res.missing = reasons + res.missing
+            if res.status != "conflict":
+                res.status = "incomplete"
+            res.error = "; ".join(reasons) + (f"; {res.error}" if res.error else "")
+        return res
+
+    def _point(self, run_id: str, src_files: list[RunFile], src_keys: set[str], every_n: int,
+               latest: bool, keep_last: int | None, progress: Progress) -> RunResult:
         if not src_files:
             return RunResult(run_id, "empty")
         head = max(f.version for f in src_files)

@@ -17,7 +17,7 @@ import gc
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +34,7 @@ from ckptfs.errors import (
 )
 from ckptfs.format import codec
 from ckptfs.format.changes import apply_body
-from ckptfs.format.keys import RunFile, log_key, parse_run_key, run_prefix
+from ckptfs.format.keys import RunFile, blocked_run_dirs, log_key, not_a_directory, parse_run_key, run_prefix
 from ckptfs.format.models import AgentRun, ArtifactRef, Step, ToolCall, graph_problems
 from ckptfs.format.reader import (
     REFS_FIELD,
@@ -212,6 +212,15 @@ def _empty() -> dict[str, Any]:
     return {"run": None, "steps": {}, "tool_log": {}}
 
 
+def unread_folders(keys: Iterable[str]) -> list[str]:
+    """A skip reason for each of a run's folders a listing shows as no directory (a symlink,
+    never followed, or a file): the versions there are read by no load, which otherwise falls
+    back past them to an older one (v15 from `snap/` while a linked `log/` held v16 and v17)
+    and says nothing."""
+    return [f"{not_a_directory([key])}: the versions stored there are not read"
+            for key in blocked_run_dirs(keys)]
+
+
 def _warn_skipped(got: Loaded | None) -> Loaded | None:
     """The one warning of a load that skipped files, naming the version it returns: logged by
     `load` for the load it keeps, not by each attempt (the quick one from the newest snapshot
@@ -232,6 +241,13 @@ class RunLoader:
 
     def run_files(self, run_id: str) -> list[RunFile]:
         return [rf for key in self.storage.list(run_prefix(run_id)) if (rf := parse_run_key(key))]
+
+    def listing(self, run_id: str) -> tuple[list[RunFile], list[str]]:
+        """A run's files, and a reason for each of its folders that is no directory
+        (`unread_folders`): what a caller that decides from the files (retention) must not
+        decide without."""
+        keys = self.storage.list(run_prefix(run_id))
+        return [rf for key in keys if (rf := parse_run_key(key))], unread_folders(keys)
 
     def get_run_file(self, key: str) -> bytes:
         """A run file's bytes; one the backend refuses to let us read is UnreadableFileError.
@@ -261,11 +277,12 @@ class RunLoader:
         early = self._read_newest_snapshot(run_id) if target is None else None
         try:
             keys = self.storage.list(run_prefix(run_id))
+            unread = unread_folders(keys)
             if target is None:
                 files, newest = self._recent_files(run_id, keys)
                 if newest:
                     try:
-                        got = self._load_files(run_id, None, resolve, files, early)
+                        got = self._load_files(run_id, None, resolve, files, early, unread)
                     except CheckpointCorruptError:
                         got = None
                     if got is not None and got.info.snapshot_version == newest:
@@ -277,7 +294,7 @@ class RunLoader:
             files = [rf for key in keys if (rf := parse_run_key(key))]
             if not files:
                 return None
-            return _warn_skipped(self._load_files(run_id, target, resolve, files, early))
+            return _warn_skipped(self._load_files(run_id, target, resolve, files, early, unread))
         finally:
             self._done(early)
 
@@ -337,17 +354,23 @@ class RunLoader:
         return (out, newest) if below else ([], 0)
 
     def _load_files(self, run_id: str, target: int | None, resolve: bool,
-                    files: list[RunFile], early: _Early | None = None) -> Loaded | None:
+                    files: list[RunFile], early: _Early | None = None,
+                    unread: list[str] | None = None) -> Loaded | None:
         try:
-            return self._load_chain(run_id, target, resolve, files, lazy=True, early=early)
+            return self._load_chain(run_id, target, resolve, files, lazy=True, early=early,
+                                    unread=unread)
         except _ParseEagerly:
             logger.info("run %s: a step fragment needs the lenient reader; parsing every "
                         "fragment", run_id)
-            return self._load_chain(run_id, target, resolve, files, lazy=False)
+            return self._load_chain(run_id, target, resolve, files, lazy=False, unread=unread)
 
     def _load_chain(self, run_id: str, target: int | None, resolve: bool,
-                    files: list[RunFile], lazy: bool, early: _Early | None = None
-                    ) -> Loaded | None:
+                    files: list[RunFile], lazy: bool, early: _Early | None = None,
+                    unread: list[str] | None = None) -> Loaded | None:
+        """`unread`: the run's folders no load reads (`unread_folders`), named first among the
+        load's skip reasons, or its error: a version asked for may be stored there, so it is
+        not called absent."""
+        unread = unread or []
         if not files:
             return None
         max_seen = max(f.version for f in files)
@@ -406,15 +429,16 @@ class RunLoader:
             if own_pool is not None:
                 own_pool.shutdown(wait=True, cancel_futures=True)
         if path is None:
-            if target is not None and not problems:
+            if target is not None and not problems and not unread:
                 raise VersionNotFoundError(run_id, target)
-            raise CheckpointCorruptError(run_id, problems or ["no snapshot or journal record to start"])
+            raise CheckpointCorruptError(run_id, [*unread, *(problems
+                                                             or ["no snapshot or journal record to start"])])
         (run, tool_log), state, step_raw, call_raw = accepted[-1]
         snap_bytes = path.start_record.stored_size if path.start_record is not None else 0
         info = LoadInfo(run_id, path.version, path.start.version if path.start else 0,
                         len(path.records) + (path.start is not None),
                         snap_bytes + sum(rec.stored_size for _rf, rec in path.records), snap_bytes,
-                        list(problems), max_seen, phases)
+                        [*unread, *problems], max_seen, phases)
         return Loaded(run, tool_log, state, path.hash, info, step_raw, call_raw)
 
     def materialise(self, run_id: str, state: dict[str, Any], problems: list[str],

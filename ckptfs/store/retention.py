@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ckptfs.errors import ConfigError, CorruptFileError
 from ckptfs.format import codec
@@ -35,6 +35,10 @@ class RetentionResult:
     kept_snapshots: list[int]
     deleted: list[str]
     dry_run: bool
+    # Why nothing was looked at: the run's folders that are no directory (a symlink, never
+    # followed, or a file; `loader.unread_folders`). What they hold is unknown, so nothing of
+    # the run is deleted: the newest valid snapshot may be there, or the records after it.
+    unread: list[str] = field(default_factory=list)
 
 
 def keeps_fences(storage: Storage) -> bool:
@@ -82,11 +86,13 @@ def apply_retention(loader: RunLoader, run_id: str, keep: int, dry_run: bool = F
 
     check="full" decodes each kept snapshot with the reader; "digest" only re-hashes the file
     against its trailer. On a fencing store, journal records stay `fence_seconds` (module
-    docstring).
+    docstring). A run one of whose folders is no directory is left whole (`unread`).
     """
     if keep < 1:
         raise ConfigError("retention must keep at least one snapshot (keep_last >= 1)")
-    files = loader.run_files(run_id)
+    files, unread = loader.listing(run_id)
+    if unread:
+        return RetentionResult(run_id, [], [], dry_run, unread)
     snaps = sorted((f for f in files if f.kind == "snap"), reverse=True)
     valid: list[int] = []
     for rf in snaps:
