@@ -107,8 +107,20 @@ def open_existing(target: Target) -> Storage:
     storage = open_storage(target.url, target.options)
     if not holds_anything(storage):
         storage.close()
-        raise CliError(f"nothing is stored at {target.describe()} (wrong URL or prefix?)", kind="empty")
+        raise nothing_stored(target)
     return storage
+
+
+def nothing_stored(target: Target, extra: dict[str, Any] | None = None) -> CliError:
+    """The one wording of an empty store (exit 2, code empty); a plain path that starts like a
+    URL without its `//` (`memory:runs`, a local directory of that name) says what was meant."""
+    from ckptfs.storage.registry import meant_url
+
+    meant = meant_url(target.url)
+    # no "?" after the URL: the scrubber reads what follows one as a query string, a secret
+    hint = f"; {target.url} is a local path (no '//'); the URL would be {meant}" if meant else ""
+    return CliError(f"nothing is stored at {target.describe()} (wrong URL or prefix?){hint}", kind="empty",
+                    extra=extra)
 
 
 def refuse_process_memory(url: str, shown: str, command: str) -> None:

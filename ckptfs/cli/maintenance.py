@@ -13,7 +13,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from ckptfs.cli._common import EXIT_OK, EXIT_PROBLEMS, CliError, emit_json, err, out, run_not_found, warn
-from ckptfs.cli._options import add_json_arg, add_store_args, open_existing, store_target
+from ckptfs.cli._options import add_json_arg, add_store_args, nothing_stored, open_existing, store_target
 
 if TYPE_CHECKING:
     from ckptfs.maintenance.verify import Report
@@ -96,8 +96,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
             report = verify(target.url, args.run_id, level, args.subset, target.options,
                             subset_runs=args.subset_runs, progress=tick)
     if report.empty:
-        raise CliError(f"nothing is stored at {target.describe()} (wrong URL or prefix?)", kind="empty",
-                       extra=report.to_dict())  # the verify schema, "empty": true, plus "error"
+        raise nothing_stored(target, report.to_dict())  # the verify schema, "empty": true, plus "error"
     if args.json:
         emit_json(report.to_dict())
     else:

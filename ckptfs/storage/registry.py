@@ -16,6 +16,13 @@ from ckptfs.storage.redact import has_credentials, redact_url, scrub_secrets
 from ckptfs.storage.s3 import S3Storage
 
 _INSTALL_HINTS = {"gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs"}
+# fsspec's file systems over another file system, given as an instance or a chained URL: a URL
+# alone builds none of them (dir:// raised AttributeError, generic:// RecursionError), and a
+# cache in front of a store would serve stale heads
+_WRAPPERS = frozenset({"dir", "blockcache", "cached", "filecache", "simplecache", "generic",
+                       "asyncwrapper", "async_wrapper"})
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*")
+_FORMS = "a path, file:///path, s3://bucket/prefix or memory://name"
 
 
 def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> Storage:
@@ -25,9 +32,14 @@ def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     opts = dict(storage_options or {})
     if "://" not in url:
         return LocalStorage(url, url, opts)
+    shown = redact_url(url)
+    head = url.split("://", 1)[0]
+    if not _SCHEME.fullmatch(head):
+        why = "chained URLs (a::b://...) are not supported" if "::" in head else \
+            "no URL scheme before '://'" + (f" ({redact_url(head)!r} is none)" if head else "")
+        raise ConfigError(f"{shown}: {why}; give {_FORMS}")
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    shown = redact_url(url)
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise ConfigError(f"{shown}: file:// URLs take no host; use file:///absolute/path")
@@ -50,10 +62,19 @@ def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> 
         if root == "/":
             raise ConfigError(f"{shown}: memory:// needs a name, e.g. memory://my-run-store")
         return MemoryStorage(url, fsspec.filesystem("memory"), root, opts)
+    if scheme in _WRAPPERS:
+        raise ConfigError(f"{shown}: {scheme}:// wraps another file system and names no store of "
+                          f"its own; give the store's own URL: {_FORMS}")
     try:
-        fs = fsspec.filesystem(scheme, **opts)
+        cls = fsspec.get_filesystem_class(scheme)
     except ValueError as exc:
-        raise ConfigError(f"{shown}: unknown storage scheme {scheme!r} ({exc})") from None
+        raise ConfigError(f"{shown}: unknown storage scheme {scheme!r} ({exc}); give {_FORMS}") from None
+    except ImportError:
+        hint = _INSTALL_HINTS.get(scheme, f"the fsspec backend for {scheme}://")
+        raise ConfigError(f"{shown}: {scheme}:// needs an extra package: pip install {hint}") from None
+    try:
+        fs = cls(**opts)
+        root = fs._strip_protocol(url)
     except ImportError:
         hint = _INSTALL_HINTS.get(scheme, f"the fsspec backend for {scheme}://")
         raise ConfigError(f"{shown}: {scheme}:// needs an extra package: pip install {hint}") from None
@@ -64,8 +85,27 @@ def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     except OSError as exc:  # the backend connects or opens a file at once (zip://, ftp, sftp)
         msg = scrub_secrets(f"{shown}: cannot open {scheme}://: {type(exc).__name__}: {exc}", opts)
         raise StorageUnavailableError(msg) from None
-    root = fs._strip_protocol(url)
+    except Exception as exc:  # a backend's own check of its arguments: whatever type it raises
+        msg = scrub_secrets(f"{shown}: {scheme}:// cannot be opened from this URL and these "
+                            f"options: {type(exc).__name__}: {exc}", opts)
+        raise ConfigError(msg) from None
+    if not isinstance(root, str) or not root:
+        raise ConfigError(f"{shown}: no path to a store in this URL; give {_FORMS}")
     return FsspecStorage(url, fs, root, opts)
+
+
+def meant_url(path: str) -> str | None:
+    """The URL a plain path that starts like one may have meant: `memory:runs` is a local
+    directory of that name (no `//`), which holding nothing is likelier `memory://runs`."""
+    scheme, colon, rest = path.partition(":")
+    if not colon or "://" in path or not _SCHEME.fullmatch(scheme):
+        return None
+    lower = scheme.lower()
+    if lower in ("file", "local"):  # no host: the path after three slashes
+        return f"{scheme}:///{rest.lstrip('/') or 'path'}"
+    if lower not in ("memory", "s3", "s3a", *_INSTALL_HINTS):
+        return None
+    return f"{scheme}://{rest.lstrip('/') or ('NAME' if lower == 'memory' else 'BUCKET/PREFIX')}"
 
 
 def lives_in_process(url: str) -> bool:
