@@ -226,14 +226,20 @@ class UnsupportedFormatError(CorruptFileError):
     """A file written in a format version this ckptfs does not know (likely a newer ckptfs)."""
 
 
+def first_of(reasons: list[str], most: int = 5) -> str:
+    """The first `most` reasons joined, and how many more were left out: one wording wherever a
+    list is cut for a message (this error, the CLI's corrupt run, the loader's warning)."""
+    more = f"; (+{len(reasons) - most} more)" if len(reasons) > most else ""
+    return "; ".join(reasons[:most]) + more
+
+
 class CheckpointCorruptError(CkptfsError):
     """Files exist for a run but none of them yields a valid state: never start from scratch."""
 
     def __init__(self, run_id: str, problems: list[str]) -> None:
         self.run_id = run_id
         self.problems = problems
-        shown = "; ".join(problems[:5]) + (f"; (+{len(problems) - 5} more)" if len(problems) > 5 else "")
-        super().__init__(f"run {run_id!r}: no stored version could be loaded: {shown}")
+        super().__init__(f"run {run_id!r}: no stored version could be loaded: {first_of(problems)}")
 
 
 class VersionNotFoundError(CkptfsError, LookupError):

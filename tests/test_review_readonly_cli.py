@@ -82,6 +82,36 @@ def test_no_warning_claims_a_version_the_load_did_not_end_at(store: Path) -> Non
     assert "loaded version 12" not in err, err
 
 
+def _damage_five(root: Path) -> None:
+    """Snapshot 15 and logs 14..17 damaged: the load ends at v13, having skipped five files."""
+    _flip(root / "runs" / RUN / "snap" / f"{15:012d}.ckpt")
+    for version in (14, 15, 16, 17):
+        _flip(_log(root, version))
+
+
+def test_the_load_warning_says_how_many_skips_it_leaves_out(store: Path) -> None:
+    """The load's one warning names at most three skipped files: five skipped read as three,
+    nothing said there were more. It says '+N more', as the corrupt-run error does."""
+    _damage_five(store)
+    code, out, err = cli("show", str(store), RUN, "--json")
+    assert code == 0 and json.loads(out)["version"] == 13, err[-500:]
+    (line,) = [ln for ln in err.splitlines() if "loaded version 13" in ln]
+    assert "after skipping" in line and "; (+2 more)" in line, line
+    assert line.count(".ckpt:") == 3, line
+
+
+def test_the_load_warning_of_the_library_says_how_many_more(store: Path,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """The same warning, logged by `load_run` for a program that calls the library."""
+    _damage_five(store)
+    with caplog.at_level("WARNING", logger="ckptfs.store.loader"):
+        run = CheckpointStore(str(store)).load_run(RUN)
+    assert run is not None
+    (message,) = [r.getMessage() for r in caplog.records if r.name == "ckptfs.store.loader"]
+    assert message.startswith(f"run {RUN}: loaded version 13 after skipping: ") and \
+        message.endswith("; (+2 more)"), message
+
+
 def test_runs_reports_an_unlistable_run_and_lists_the_others(store: Path) -> None:
     """A run directory this user cannot list made `runs` fail as a whole ("unreachable", exit 2),
     hiding every other run: it is one row with the reason, and the exit code says problems."""

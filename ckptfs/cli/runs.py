@@ -238,7 +238,7 @@ def _leases(storage: Storage, state: RunState) -> dict[str, dict[str, Any]]:
 
 
 def _load(storage: Storage, run_id: str, version: int | None, artifacts: bool = True) -> RunState:
-    from ckptfs.errors import CheckpointCorruptError, VersionNotFoundError
+    from ckptfs.errors import CheckpointCorruptError, VersionNotFoundError, first_of
     from ckptfs.format.models import validate_id
     from ckptfs.maintenance.history import load_state
 
@@ -261,7 +261,7 @@ def _load(storage: Storage, run_id: str, version: int | None, artifacts: bool = 
         # Each distinct reason is named (the load lists each once; the per-attempt lines that
         # also named them are -v's): two damaged artifacts are two reasons, not "first: one".
         problems = exc.problems or ["no file could be read"]
-        shown = "; ".join(problems[:5]) + (f"; (+{len(problems) - 5} more)" if len(problems) > 5 else "")
+        shown = first_of(problems)
         what = "no stored version could be loaded" if version is None else \
             f"version {version} could not be loaded"
         raise CliError(f"run {run_id!r} in {storage.display_url}: {what} "

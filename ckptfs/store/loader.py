@@ -31,6 +31,7 @@ from ckptfs.errors import (
     InvalidIdError,
     UnreadableFileError,
     VersionNotFoundError,
+    first_of,
 )
 from ckptfs.format import codec
 from ckptfs.format.changes import apply_body
@@ -227,7 +228,7 @@ def _warn_skipped(got: Loaded | None) -> Loaded | None:
     is dropped when that snapshot is damaged, and said "loaded version 12" before v17 came)."""
     if got is not None and got.info.skipped:
         logger.warning("run %s: loaded version %d after skipping: %s", got.info.run_id, got.info.version,
-                       "; ".join(got.info.skipped[:3]))
+                       first_of(got.info.skipped, 3))
     return got
 
 
