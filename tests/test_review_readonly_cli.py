@@ -10,43 +10,21 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import _cli_store
 import pytest
+from _cli_store import RUN, flip, log_file
 from _privileges import drop_dac
-from test_cli_commands import CLI, QUIET_CWD, _agent_store, cli
+from test_cli_commands import CLI, QUIET_CWD, cli
 
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
 
-RUN = "papers"
-
-
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("review-readonly") / "store"
-    _agent_store(root)  # papers: v1..v17, snapshots at 3, 6, 9, 12, 15; finished: v1..v2
-    return root
-
-
-@pytest.fixture
-def store(pristine: Path, tmp_path: Path) -> Path:
-    root = tmp_path / "store"
-    shutil.copytree(pristine, root, symlinks=True)
-    return root
-
-
-def _flip(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
-
-
-def _log(root: Path, version: int) -> Path:
-    return root / "runs" / RUN / "log" / f"{version:012d}.ckpt"
+pristine, store = _cli_store.pristine, _cli_store.store  # fixtures: the store, a copy per test
 
 
 def test_a_damaged_version_asked_for_is_named_not_the_whole_run(store: Path) -> None:
     """`show --version 17` with v17 damaged said "no stored version could be loaded", while
     v1..v16 load: the message must name the version asked for, and the run loads without it."""
-    _flip(_log(store, 17))
+    flip(log_file(store, 17))
     for cmd in (["show", str(store), RUN, "--version", "17"], ["export", str(store), RUN, "--version", "17"],
                 ["diff", str(store), RUN, "16", "17"]):
         code, out, _ = cli(*cmd, "--json")
@@ -61,7 +39,7 @@ def test_a_damaged_version_asked_for_is_named_not_the_whole_run(store: Path) -> 
 
 def test_an_unreadable_version_is_no_restore_point(store: Path) -> None:
     """`versions` listed a version whose every file fails to decode as one a restore can target."""
-    _flip(_log(store, 17))
+    flip(log_file(store, 17))
     code, out, _ = cli("versions", str(store), RUN, "--json")
     doc = json.loads(out)
     assert code == 0
@@ -75,7 +53,7 @@ def test_an_unreadable_version_is_no_restore_point(store: Path) -> None:
 def test_no_warning_claims_a_version_the_load_did_not_end_at(store: Path) -> None:
     """A damaged newest snapshot: the first, quick load (from that snapshot) failed and warned
     "loaded version 12 after skipping ...", then the full load gave v17, and show printed v17."""
-    _flip(store / "runs" / RUN / "snap" / f"{15:012d}.ckpt")
+    flip(store / "runs" / RUN / "snap" / f"{15:012d}.ckpt")
     code, out, err = cli("show", str(store), RUN)
     assert code == 0 and f"{RUN} failed v17" in out
     assert "loaded version 17 after skipping" in err
@@ -84,9 +62,9 @@ def test_no_warning_claims_a_version_the_load_did_not_end_at(store: Path) -> Non
 
 def _damage_five(root: Path) -> None:
     """Snapshot 15 and logs 14..17 damaged: the load ends at v13, having skipped five files."""
-    _flip(root / "runs" / RUN / "snap" / f"{15:012d}.ckpt")
+    flip(root / "runs" / RUN / "snap" / f"{15:012d}.ckpt")
     for version in (14, 15, 16, 17):
-        _flip(_log(root, version))
+        flip(log_file(root, version))
 
 
 def test_the_load_warning_says_how_many_skips_it_leaves_out(store: Path) -> None:
@@ -192,7 +170,7 @@ def test_a_skipped_file_whose_reason_looks_like_markup_is_printed_as_it_is(store
     closing tag by show's "note: skipped: ..." line, and show ended "unexpected MarkupError" (exit 3)."""
     from ckptfs.format import codec
 
-    path = _log(store, 17)
+    path = log_file(store, 17)
     rec = codec.decode(path.read_bytes(), "k")
     body = dict(rec.body)
     body["steps"]["paper-5"]["status"] = "[/oops] [bold]x"
@@ -243,9 +221,9 @@ def test_versions_survives_header_summaries_and_times_of_any_shape(store: Path) 
     """`versions` prints each version's header summary and time as they are: a summary whose
     "failed" is a string ended it "unexpected ValueError: Cannot specify ',' with 's'" and a
     time of 1e300 "unexpected OverflowError" (exit 3); they are shown as unknown / as numbers."""
-    _rewrite_header(_log(store, 16),
+    _rewrite_header(log_file(store, 16),
                     summary={"status": ["x"], "completed": "a", "failed": "zz", "total": [1]})
-    _rewrite_header(_log(store, 14), time=1e300)
+    _rewrite_header(log_file(store, 14), time=1e300)
     code, out, err = cli("versions", str(store), RUN)
     assert code == 0, err
     row16 = next(line for line in out.splitlines() if line.split()[:1] == ["16"])
@@ -261,7 +239,7 @@ def test_export_refuses_an_output_inside_the_store_and_writes_nothing(store: Pat
     """`export --output` naming a file of the store (a typo, a tab-completed path) replaced that
     version's journal record with JSON: v17 was gone. Refused as bad input, the store unchanged,
     through a symlink to the store too; a path outside it still gets the export."""
-    record = _log(store, 17)
+    record = log_file(store, 17)
     before = {p: p.read_bytes() for p in store.rglob("*") if p.is_file()}
     link = tmp_path / "via-link"
     link.symlink_to(store)
@@ -316,7 +294,7 @@ def test_one_damaged_artifact_is_named_once_not_once_per_version_tried(store: Pa
     damaged: export's `skipped` listed the same reason 42 times and stderr held 49 warning
     lines. One reason, one warning, and the load is the version before the artifact."""
     (artifact,) = [p for p in (store / "artifacts").rglob("*") if p.is_file()]
-    _flip(artifact)
+    flip(artifact)
     key = artifact.relative_to(store).as_posix()
     target = tmp_path / "export.json"
     code, _, err = cli("export", str(store), RUN, "--output", str(target))
@@ -335,7 +313,7 @@ def test_an_output_directory_that_cannot_be_written_is_refused_before_the_load(s
     readonly = tmp_path / "ro"
     readonly.mkdir()
     readonly.chmod(0o555)
-    _flip(_log(store, 17))
+    flip(log_file(store, 17))
     env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTFS_")}
     try:
         for run in (RUN, "no-such-run"):

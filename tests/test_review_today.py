@@ -5,41 +5,18 @@ store, symlinked run folders, the loader's one named reason per skip) through th
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
+import _cli_store
 import pytest
-from test_cli_commands import _agent_store, cli
+from _cli_store import RUN, flip, log_file
+from test_cli_commands import cli
 
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
 from ckptfs.errors import CheckpointCorruptError
 
-RUN = "papers"
-
-
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("review-today") / "store"
-    _agent_store(root)  # papers: v1..v17, snapshots at 3, 6, 9, 12, 15; finished: v1..v2
-    return root
-
-
-@pytest.fixture
-def store(pristine: Path, tmp_path: Path) -> Path:
-    root = tmp_path / "store"
-    shutil.copytree(pristine, root, symlinks=True)
-    return root
-
-
-def _flip(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    path.write_bytes(bytes(data))
-
-
-def _log(root: Path, version: int) -> Path:
-    return root / "runs" / RUN / "log" / f"{version:012d}.ckpt"
+pristine, store = _cli_store.pristine, _cli_store.store  # fixtures: the store, a copy per test
 
 
 def _files(root: Path) -> dict[Path, bytes]:
@@ -71,7 +48,7 @@ def test_export_refuses_an_output_inside_a_store_named_by_local_url(store: Path)
     storage named no local root: `export local://STORE papers --output STORE/runs/papers/log/
     ...17.ckpt` exited 0 and v17 was JSON. Refused as for a plain path or file://."""
     before = _files(store)
-    for given in (_log(store, 17), store / "export.json"):
+    for given in (log_file(store, 17), store / "export.json"):
         code, out, err = cli("export", f"local://{store}", RUN, "--output", str(given), "--json")
         assert code == 2, (given, err)
         assert "inside the store" in json.loads(out)["error"]["message"], (given, out)
@@ -95,7 +72,7 @@ def test_a_run_none_of_whose_versions_loads_names_every_distinct_reason(tmp_path
     artifacts = [p for p in (root / "artifacts").rglob("*") if p.is_file()]
     assert len(artifacts) == 2
     for p in artifacts:
-        _flip(p)
+        flip(p)
     names = [p.name for p in artifacts]
     with pytest.raises(CheckpointCorruptError) as caught:
         CheckpointStore(str(root)).load_run("r")
