@@ -90,6 +90,21 @@ def test_the_load_warning_of_the_library_says_how_many_more(store: Path,
         message.endswith("; (+2 more)"), message
 
 
+def test_a_damaged_file_is_one_warning_at_default_verbosity_not_one_per_attempt(store: Path) -> None:
+    """The reader logged 'skipping <file>' at WARNING each time a load attempt read the file:
+    snapshot 15 and v17 damaged gave four such lines beside the load's own warning. The load's
+    one warning names both; the per-file lines are -v's."""
+    flip(store / "runs" / RUN / "snap" / "000000000015.ckpt")
+    flip(log_file(store, 17))
+    code, out, err = cli("show", str(store), RUN, "--json")
+    assert code == 0 and json.loads(out)["version"] == 16, err[-500:]
+    warnings = [ln for ln in err.splitlines() if ln.startswith("WARNING")]
+    assert len(warnings) == 1 and "loaded version 16 after skipping" in warnings[0], err
+    assert "000000000015.ckpt" in warnings[0] and "000000000017.ckpt" in warnings[0], warnings[0]
+    code, _, err = cli("-v", "show", str(store), RUN, "--json")
+    assert code == 0 and "skipping runs/papers/log/000000000017.ckpt" in err, err[-800:]
+
+
 def test_runs_reports_an_unlistable_run_and_lists_the_others(store: Path) -> None:
     """A run directory this user cannot list made `runs` fail as a whole ("unreachable", exit 2),
     hiding every other run: it is one row with the reason, and the exit code says problems."""

@@ -413,6 +413,10 @@ class RecordCache:
     strict_format: bool = False  # a newer format stops the load instead of being skipped
     split: bool = False  # bodies as SplitBody where they have the plain layout (the load's)
     lazy_steps: bool = False  # ... with their steps left unparsed (SplitBody.steps None)
+    # How a skipped file is logged. The loader reads a run's files again for each attempt and
+    # names what it skipped in one warning of its own, so its caches log each file at INFO (-v);
+    # other readers (mirror, restore) keep the warning.
+    skip_level: int = logging.WARNING
     records: dict[str, codec.Record | None] = field(default_factory=dict)
     raw: dict[str, bytes] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
@@ -527,7 +531,7 @@ class RecordCache:
 
     def fail(self, rf: RunFile, exc: CorruptFileError) -> None:
         """Remember a file as unusable (also for a reason found above the codec)."""
-        logger.warning("run %s: skipping %s", self.run_id, exc)
+        logger.log(self.skip_level, "run %s: skipping %s", self.run_id, exc)
         self.problems.append(str(exc))
         self.errors[rf.key] = exc
         self.records[rf.key] = None

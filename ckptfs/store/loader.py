@@ -328,7 +328,7 @@ class RunLoader:
         # Bodies read as fragments: each step's stored bytes seed the head and the compactor,
         # so a load never serialises a step again (see CheckpointStore._seed_head).
         return RecordCache(run_id, self.get_run_file, self.max_decoded, strict_format=True,
-                           split=True, lazy_steps=lazy)
+                           split=True, lazy_steps=lazy, skip_level=logging.INFO)
 
     @staticmethod
     def _recent_files(run_id: str, keys: list[str]) -> tuple[list[RunFile], int]:
