@@ -37,3 +37,25 @@ def test_a_version_left_only_as_a_snapshot_keeps_its_status(tmp_path: Path) -> N
     code, out, _ = cli("versions", str(root), "papers")
     line = next(x for x in out.splitlines() if x.split()[:2] == [str(only_snap[0]), "snap"])
     assert "running" in line and f"{only_snap[0] - 1}/40" in line, line
+
+
+def test_a_store_that_keeps_no_fences_lists_none(tmp_path: Path) -> None:
+    """Local disk deletes pruned journal records at once: records below the oldest snapshot of
+    a run retention never pruned are history, not fences (v1 and v2 were shown '(fence)')."""
+    root = tmp_path / "store"
+    policy = CompactionPolicy(fanout=4, max_plan=6, min_snapshot_bytes=1500, keep_last=0, background=False)
+    store = CheckpointStore(str(root), policy=policy)
+    run = AgentRun(run_id="papers", goal="g")
+    for i in range(12):
+        run.add_step(Step(id=f"p{i}", title=f"paper {i}"))
+    store.save_run(run)
+    for i in range(12):
+        run.steps[f"p{i}"].status, run.steps[f"p{i}"].result = StepStatus.COMPLETED, "y" * 300
+        store.save_run(run)
+    store.close()
+    snaps = sorted(int(p.stem) for p in (root / "runs" / "papers" / "snap").iterdir())
+    assert snaps and snaps[0] > 1, snaps  # journal records below the oldest snapshot exist
+    code, out, err = cli("versions", str(root), "papers", "--json")
+    assert code == 0 and json.loads(out)["fences"] == [], out + err
+    code, out, _ = cli("versions", str(root), "papers")
+    assert code == 0 and "fence" not in out, out

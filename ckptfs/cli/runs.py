@@ -383,6 +383,7 @@ def cmd_versions(args: argparse.Namespace) -> int:
     from ckptfs.format.models import validate_id
     from ckptfs.maintenance.history import list_versions
     from ckptfs.replication.restore import restore_points
+    from ckptfs.store.retention import keeps_fences
 
     validate_id(args.run_id, "run id")
     storage = _storage(args)
@@ -393,11 +394,14 @@ def cmd_versions(args: argparse.Namespace) -> int:
     points = set(restore_points(storage, args.run_id)) - {i.version for i in infos if not i.readable}
     for i in infos:
         i.restore_point = i.version in points
-    # A journal record below the oldest snapshot that no load reaches is a fence retention
-    # keeps on a remote store for a while (store/retention.py): listed, not restorable.
+    # A journal record below the oldest snapshot is a fence retention keeps on a remote store
+    # for a while (store/retention.py): listed, not restorable. A store that keeps no fences
+    # (local disk deletes pruned records at once) has none: its early records are history
+    # that retention has not pruned (a store that never ran it showed v1 and v2 as fences).
     oldest = min((i.version for i in infos if "snap" in i.kinds), default=0)
     fences = {i.version for i in infos
-              if i.kinds == ["log"] and i.version < oldest and not i.restore_point}
+              if i.kinds == ["log"] and i.version < oldest and not i.restore_point} \
+        if keeps_fences(storage) else set()
     if args.json:
         emit_json({"url": storage.display_url, "run_id": args.run_id,
                    "restore_points": sorted(points), "fences": sorted(fences),
