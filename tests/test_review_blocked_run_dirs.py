@@ -78,6 +78,19 @@ def test_a_version_asked_for_behind_a_linked_log_is_not_called_absent(store: Pat
     assert f"runs/{RUN}/log: not a directory" in doc["error"]["message"]
 
 
+@pytest.mark.parametrize("how", ["symlink", "file"])
+def test_verify_calls_a_blocked_run_folder_an_error_by_name(store: Path, tmp_path: Path, how: str) -> None:
+    """verify called a linked log/ a 'stray (unexpected name)' warning, while show, mirror and
+    prune name it as the folder no command reads: an error, in the same words."""
+    _block(store, "log", how, tmp_path / "elsewhere")
+    code, out, _ = cli("verify", str(store), "--json")
+    doc = json.loads(out)
+    found = [f for f in doc["findings"] if f["key"] == f"runs/{RUN}/log"]
+    assert code == 1 and len(found) == 1, out
+    assert found[0]["severity"] == "error" and found[0]["code"] == "not-a-directory", found
+    assert found[0]["message"].startswith(f"runs/{RUN}/log: {NOT_A_DIR}"), found
+
+
 def test_mirror_names_a_linked_log_and_exits_1(store: Path, tmp_path: Path) -> None:
     """mirror printed "papers mirrored 15", exit 0, and the replica silently lacked v16-v17: the
     run is incomplete, the path is named, and the other run is mirrored as before. What the

@@ -40,7 +40,9 @@ from ckptfs.format.keys import (
     RUNS,
     RunFile,
     artifact_key,
+    blocked_run_dirs,
     classify,
+    not_a_directory,
     parse_run_key,
     run_prefix,
 )
@@ -269,8 +271,15 @@ def _verify(checker: _Checker, storage: Storage, report: Report, run_id: str | N
     listing = classify(keys)
     for key in listing.temp:
         report.add("warning", "temp-file", "temp file left by an interrupted write", key)
+    # a run folder that is no directory hides every version stored behind it from every load,
+    # mirror and prune (each says so): an error, not a stray name
+    blocked = set(blocked_run_dirs(keys))
     for key, why, rid in listing.strays:
-        report.add("warning", "stray", why, key, rid)
+        if key in blocked:
+            report.add("error", "not-a-directory",
+                       f"{not_a_directory([key])}: no command reads the versions stored there", key, rid)
+        else:
+            report.add("warning", "stray", why, key, rid)
     runs = listing.runs
     sub = checker.subset
     run_ids = sorted(runs)
