@@ -270,19 +270,40 @@ def decompress(frame: bytes, key: str, base: bytes | None = None,
     return out
 
 
-def _non_finite(header: dict[str, Any]) -> bool:
-    """Whether a channel version in the header's refs (the only user values in a header) is a
-    NaN or an infinity: msgspec would write it as null, where JSON has no spelling for it."""
+_PLAIN = frozenset((int, str, float, type(None)))  # exact types (a bool, an int subclass, is not one)
+_NAMES = frozenset((str,))
+
+
+def _msgspec_writes_as_before(header: dict[str, Any]) -> bool:
+    """Whether msgspec writes the header's user values (channel names and versions in refs, the
+    parent id, a writes header's task path) as the standard library does or would refuse to.
+
+    msgspec writes a NaN or an infinity as null, where JSON has no spelling for it, and writes
+    types the standard library refuses (Decimal, UUID, datetime, bytes, set, Enum, dataclasses)
+    as strings, lists or objects: a version stored so reads back as another value of another
+    type, never equal to the checkpoint's own version again, and a channel a later put inherits
+    unchanged (not in its values) would be dropped from that put's refs. Those go through the
+    standard encoder, which refuses them as it always has."""
+    if type(header.get("parent")) not in _PLAIN or type(header.get("path")) not in _PLAIN:
+        return False
     refs = header.get("refs")
-    return isinstance(refs, dict) and any(
-        isinstance(ref, list) and len(ref) > 1 and isinstance(ref[1], float) and not math.isfinite(ref[1])
-        for ref in refs.values())
+    if not isinstance(refs, dict) or not refs:
+        return True
+    try:
+        versions = {type(version) for _holder, version in refs.values()}
+    except (TypeError, ValueError):  # not [holder, version] pairs: the standard encoder decides
+        return False
+    if not versions <= _PLAIN or not {type(channel) for channel in refs} <= _NAMES:
+        return False
+    return float not in versions or all(
+        math.isfinite(version) for _holder, version in refs.values() if type(version) is float)
 
 
 def encode_header(header: dict[str, Any]) -> bytes:
-    """The header's JSON, compact, UTF-8. A value msgspec cannot write, or would write as null
-    (NaN, infinities), goes through the standard library's encoder, which raises as it always has."""
-    if not _non_finite(header):
+    """The header's JSON, compact, UTF-8. A value msgspec cannot write, or would write otherwise
+    than the standard library (NaN, infinities, a type JSON has no spelling for), goes through
+    the standard library's encoder, which raises as it always has."""
+    if _msgspec_writes_as_before(header):
         try:
             return _FAST_JSON_OUT.encode(header)
         except (TypeError, OverflowError):
