@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ckptfs.storage.redact import is_secret_option, redact_url, secret_option_values
+from ckptfs.storage.redact import is_secret_option, redact_mangled, redact_url, secret_option_values
 
 # option keys whose values are credentials: storage.redact's one list, the access key id in it
 # (not a secret to AWS, but it names the account and the brief of this module is "nothing")
@@ -46,6 +46,8 @@ _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]+")
 # user:secret@ whose secret holds a quote, a space or a bracket, where the URL token above ends
 # early: a ':' before any '/' after "://" and an '@' later on the line hide all up to the last '@'
 _USERINFO = re.compile(r"(://)[^/\n:@]*:[^\n]*@")
+# user:secret@ in front of a scheme (KEY:SECRET@bucket://p, the scheme forgotten before it)
+_BEFORE_SCHEME = re.compile(r"(?<![^\s'\"(\[=])[^\s'\"@:]*:[^\s'\"]*@(?=[A-Za-z][A-Za-z0-9+.\-]*://)")
 
 
 def secret_values(options: Mapping[str, Any] | None = None,
@@ -116,6 +118,7 @@ class Scrubber:
         for pattern, repl in _PATTERNS:
             text = pattern.sub(repl, text)
         text = _USERINFO.sub(r"\1***@", text)
+        text = _BEFORE_SCHEME.sub("***@", redact_mangled(text))
         return _URL.sub(lambda m: redact_url(m.group(0)), text)
 
 

@@ -114,11 +114,13 @@ def open_existing(target: Target) -> Storage:
 def nothing_stored(target: Target, extra: dict[str, Any] | None = None) -> CliError:
     """The one wording of an empty store (exit 2, code empty); a plain path that starts like a
     URL without its `//` (`memory:runs`, a local directory of that name) says what was meant."""
+    from ckptfs.storage.redact import redact_url
     from ckptfs.storage.registry import meant_url
 
     meant = meant_url(target.url)
+    meant = redact_url(meant) if meant else None
     # no "?" after the URL: the scrubber reads what follows one as a query string, a secret
-    hint = f"; {target.url} is a local path (no '//'); the URL would be {meant}" if meant else ""
+    hint = f"; {redact_url(target.url)} is a local path (no '//'); the URL would be {meant}" if meant else ""
     return CliError(f"nothing is stored at {target.describe()} (wrong URL or prefix?){hint}", kind="empty",
                     extra=extra)
 

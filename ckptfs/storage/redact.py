@@ -29,12 +29,30 @@ def redact_url(url: str) -> str:
     """
     scheme, sep, rest = url.partition("://")
     if not sep:
-        return url  # a local path: no credentials or query syntax
+        # a local path, unless it is a URL short of a slash (s3:/KEY:SECRET@b, s3//KEY:SECRET@b)
+        return redact_mangled(url)
+    if "@" in scheme and not _SCHEME.fullmatch(scheme):  # KEY:SECRET@bucket://...: no scheme
+        scheme = "***@" + scheme.rsplit("@", 1)[1]
     if has_credentials(url):
         rest = "***@" + rest.rsplit("@", 1)[1]
     if "?" in rest:
         rest = rest.split("?", 1)[0] + "?***"
     return f"{scheme}://{rest}"
+
+
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*")
+# A URL short of one of its slashes (s3:/KEY:SECRET@bucket, s3:KEY:SECRET@b, s3//KEY:SECRET@b):
+# opened as a local path, so no '://' marks it, and every message naming the path printed the
+# credentials. A scheme, ':', ':/' or '//', then user:secret@ (the secret may hold '/' and '@'):
+# all up to the last '@' of the word is hidden. A local path rarely looks like that; one that
+# does is hidden in messages, the safe way to be wrong.
+_MANGLED = re.compile(r"(?<![A-Za-z0-9+.\-:/@])([A-Za-z][A-Za-z0-9+.\-]*(?::/?|//))"
+                      r"[^/@:\s'\"]*:[^\s'\"]*@")
+
+
+def redact_mangled(text: str) -> str:
+    """`text` with the credentials of any URL short of a slash hidden (see `_MANGLED`)."""
+    return _MANGLED.sub(r"\1***@", text) if "@" in text else text
 
 
 def has_credentials(url: str) -> bool:

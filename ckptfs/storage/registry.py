@@ -36,7 +36,7 @@ def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     head = url.split("://", 1)[0]
     if not _SCHEME.fullmatch(head):
         why = "chained URLs (a::b://...) are not supported" if "::" in head else \
-            "no URL scheme before '://'" + (f" ({redact_url(head)!r} is none)" if head else "")
+            "no URL scheme before '://'" + (f" ({head!r} is none)" if head and "@" not in head else "")
         raise ConfigError(f"{shown}: {why}; give {_FORMS}")
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
