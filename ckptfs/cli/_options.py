@@ -127,12 +127,24 @@ def nothing_stored(target: Target, extra: dict[str, Any] | None = None) -> CliEr
 
 def refuse_process_memory(url: str, shown: str, command: str) -> None:
     """A destination that dies with this process is bad input (exit 2): `mirror`, `restore` and
-    `import-langgraph` into memory:// said what they had copied, exit 0, and kept nothing."""
-    from ckptfs.storage.registry import lives_in_process
+    `import-langgraph` into memory:// said what they had copied, exit 0, and kept nothing.
+
+    So is a new local path that starts like a URL short of its `//` (`s3:/bucket/backups`,
+    `memory:scratch`): the copy went to a local directory `s3:` and said 'mirrored', exit 0.
+    One that exists is the user's own directory; `./s3:/...` names a new one."""
+    import os
+
+    from ckptfs.storage.redact import redact_url
+    from ckptfs.storage.registry import lives_in_process, meant_url
 
     if lives_in_process(url):
         raise CliError(f"{shown} is this process's memory: what {command} copies there is gone "
                        "when it exits; give a directory or an s3:// URL")
+    meant = meant_url(url) if "://" not in url else None
+    if meant and not os.path.lexists(url):
+        raise CliError(f"{shown} is a local path (no '//'), not the URL {redact_url(meant)}: {command} "
+                       f"would copy into a new local directory; give the URL, or ./{shown} for "
+                       "a local directory of that name")
 
 
 def holds_anything(storage: Storage) -> bool:
