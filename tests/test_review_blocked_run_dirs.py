@@ -169,3 +169,20 @@ def test_prune_keeps_artifacts_only_a_linked_log_references(store: Path, tmp_pat
     code, _, err = cli("prune", str(store), "--keep-last", "1", "--artifact-grace", "0s")
     assert code == 1 and f"runs/{RUN}/log: {NOT_A_DIR}" in " ".join(err.split()), err
     assert all(p.is_file() for p in artifacts)
+
+
+@pytest.mark.parametrize(("folder", "how"), [("log", "symlink"), ("log", "file"), ("snap", "symlink")])
+def test_versions_names_a_run_folder_that_is_not_a_directory(store: Path, tmp_path: Path, folder: str,
+                                                             how: str) -> None:
+    """`versions` listed v1..v15 (log/ linked away) and said 'a restore can target' them, with
+    nothing saying v16 and v17 sit behind the link: the note names the folder, --json `unread`."""
+    _block(store, folder, how, tmp_path / "elsewhere")
+    key = f"runs/{RUN}/{folder}"
+    code, out, err = cli("versions", str(store), RUN, "--json")
+    assert code == 0, err
+    assert json.loads(out)["unread"] == [key]
+    code, out, err = cli("versions", str(store), RUN)
+    assert code == 0, err
+    assert f"note: {key}: {NOT_A_DIR}: the versions stored there are not listed" in " ".join(out.split()), out
+    code, out, err = cli("versions", str(store), "finished", "--json")  # another run: nothing to say
+    assert code == 0 and json.loads(out)["unread"] == [], out

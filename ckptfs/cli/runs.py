@@ -380,6 +380,7 @@ def _render_calls(calls: list[tuple[str, dict[str, Any]]], with_step: bool) -> N
 
 
 def cmd_versions(args: argparse.Namespace) -> int:
+    from ckptfs.format.keys import blocked_run_dirs, not_a_directory, run_prefix
     from ckptfs.format.models import validate_id
     from ckptfs.maintenance.history import list_versions
     from ckptfs.replication.restore import restore_points
@@ -390,6 +391,10 @@ def cmd_versions(args: argparse.Namespace) -> int:
     infos = list_versions(storage, args.run_id)
     if not infos:
         raise run_not_found(args.run_id, storage.display_url, storage)
+    # a run folder that is a link or a file: the versions behind it are listed by nothing here,
+    # and the table would say "a restore can target v15" of a run whose log/ held v16 and v17
+    blocked = blocked_run_dirs(storage.list(run_prefix(args.run_id)))
+    unread = f"{not_a_directory(blocked)}: the versions stored there are not listed" if blocked else None
     # by file names; a version none of whose files decodes is no target (the restore would fail)
     points = set(restore_points(storage, args.run_id)) - {i.version for i in infos if not i.readable}
     for i in infos:
@@ -405,7 +410,7 @@ def cmd_versions(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"url": storage.display_url, "run_id": args.run_id,
                    "restore_points": sorted(points), "fences": sorted(fences),
-                   "versions": [i.to_dict() for i in infos]})
+                   "versions": [i.to_dict() for i in infos], "unread": blocked})
         return EXIT_OK
     rows = []
     for i in infos:
@@ -421,6 +426,8 @@ def cmd_versions(args: argparse.Namespace) -> int:
     print_table(console, cols, rows, title=f"versions of {args.run_id} in {storage.display_url}")
     console.print(f"{len(infos)} version(s); a restore can target {len(points)}: "
                   f"{version_list(sorted(points))}", soft_wrap=True)
+    if unread:
+        console.print(f"note: {unread}", markup=False, soft_wrap=True)
     return EXIT_OK
 
 
