@@ -21,15 +21,24 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 _GAP = 3  # SIMPLE_HEAD without edges: one pad, one space, one pad between columns
-# C0 and C1 controls but tab and newline: ESC, CSI (0x9b) and the rest start terminal sequences
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# C0 and C1 controls but tab and newline: ESC, CSI (0x9b) and the rest start terminal sequences.
+# Also the characters that reorder or break what a terminal shows without being controls: the
+# line and paragraph separators (a row split in two), the bidi marks, embeddings, overrides and
+# isolates (U+202E turns the rest of a row around: a thread id or a goal could spoof its
+# neighbours, as Trojan Source does in code).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+
+
+def _spelled(m: re.Match[str]) -> str:
+    cp = ord(m.group())
+    return f"\\x{cp:02x}" if cp <= 0xFF else f"\\u{cp:04x}"
 
 
 def printable(text: str) -> str:
     """Stored text as it can go to a terminal: control characters spelled out (`\\x1b`), not
     sent. A goal, a title, a result is data, often an LLM's reply: an escape sequence in it
     retitled the window or cleared the screen of whoever ran `ckptfs show`. `--json` keeps it whole."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return _CONTROL.sub(_spelled, text)
 
 
 @dataclass(frozen=True)
@@ -107,7 +116,7 @@ def print_table(console: Console, cols: Sequence[Col], rows: Sequence[Sequence[R
     if title:  # its own line(s): a table's own title wraps at the table's width, not the screen's
         from rich.text import Text
 
-        console.print(Text(title, style="bold"))
+        console.print(Text(printable(title), style="bold"))  # it names a thread, a run, a URL
     console.print(table)
     if dropped:
         console.print(f"[dim](narrow terminal: {', '.join(dropped)} not shown; --json has every field)[/dim]")
