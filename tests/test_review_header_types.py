@@ -9,13 +9,17 @@ from __future__ import annotations
 import datetime
 import decimal
 import enum
+import json
+import struct
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 from langgraph.checkpoint.base import empty_checkpoint
+from test_cli_commands import cli
 
+from ckptfs.errors import CorruptFileError
 from ckptfs.integrations.langgraph import CkptfsSaver
 from ckptfs.integrations.langgraph import codec as fmt
 
@@ -67,3 +71,34 @@ def test_plain_versions_still_take_the_fast_encoder_and_read_back(version: Any) 
     head = fmt.unpack(fmt.pack(header, b"", []), "k").header
     assert head["refs"]["m\u00e9\x01"] == ["c1", version]
     assert type(head["refs"]["m\u00e9\x01"][1]) is type(version)
+
+
+def _deep_object() -> bytes:
+    head = b"[" * 5000 + b"]" * 5000
+    frame0 = fmt.compress_full(struct.pack("<I", len(head)) + head)
+    return fmt.MAGIC + struct.pack("<I", len(frame0)) + frame0
+
+
+def test_a_header_nested_past_the_parsers_depth_is_corruption_not_recursion_error() -> None:
+    with pytest.raises(CorruptFileError, match="nests too deeply"):
+        fmt.unpack(_deep_object(), "k")
+
+
+def test_verify_and_show_name_a_deeply_nested_header(tmp_path: Path) -> None:
+    """verify said 'unexpected RecursionError' (exit 3), as did show --thread and get_tuple."""
+    url = str(tmp_path / "store")
+    saver = CkptfsSaver(url, log=False)  # one object per key, as on S3
+    cfg: Any = {"configurable": {"thread_id": "t1", "checkpoint_ns": ""}}
+    c = empty_checkpoint()
+    c["channel_values"] = {"a": "v"}
+    c["channel_versions"] = {"a": 1}
+    out = saver.put(cfg, c, {"step": 0}, {"a": 1})
+    key = next(k for k in saver.storage.list("langgraph/")
+               if k.endswith(out["configurable"]["checkpoint_id"]))
+    saver.storage.put(key, _deep_object())
+    code, stdout, stderr = cli("verify", url, "--json")
+    assert code == 1, stdout + stderr
+    assert any(f["code"] == "lg-corrupt" and "nests too deeply" in f["message"]
+               for f in json.loads(stdout)["findings"]), stdout
+    code, stdout, stderr = cli("show", url, "--thread", "t1")
+    assert code in (0, 1) and "RecursionError" not in stdout + stderr, stdout + stderr

@@ -314,11 +314,19 @@ def encode_header(header: dict[str, Any]) -> bytes:
 def decode_header(data: bytes | memoryview) -> Any:
     """A header's JSON. What msgspec refuses but the standard library reads (a NaN literal, an
     escaped lone surrogate, a number past a double's range) is read as before, by the standard
-    library; what neither reads raises its ValueError (json.JSONDecodeError, UnicodeDecodeError)."""
+    library; what neither reads raises its ValueError (json.JSONDecodeError, UnicodeDecodeError,
+    and nesting past either parser's depth, where both raised RecursionError: `verify` said
+    'unexpected RecursionError', exit 3, of a damaged object instead of naming it)."""
     try:
         return _FAST_JSON_IN.decode(data)
     except msgspec.MsgspecError:
+        pass
+    except RecursionError:  # both parsers give up on deep nesting: no header of ours nests
+        raise ValueError("header nests too deeply") from None
+    try:
         return json.loads(bytes(data))
+    except RecursionError:
+        raise ValueError("header nests too deeply") from None
 
 
 def pack(header: dict[str, Any], raw: bytes, parts: list[Part]) -> bytes:
@@ -347,7 +355,7 @@ def unpack(data: bytes, key: str, max_size: int = DEFAULT_MAX_DECODED) -> Unpack
     (nh,) = _U32.unpack_from(payload, 0)
     try:
         header = decode_header(payload[4 : 4 + nh])
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError, deep nesting
         raise CorruptFileError(key, f"header is not JSON: {exc}") from None
     if not isinstance(header, dict) or header.get("v") not in READABLE_VERSIONS:
         raise CorruptFileError(key, f"header is not a LangGraph object header of version {READABLE_VERSIONS}")
