@@ -11,19 +11,26 @@ from test_cli_commands import cli
 from ckptfs import AgentRun, CheckpointStore, CompactionPolicy, Step, StepStatus
 
 
-def test_a_version_left_only_as_a_snapshot_keeps_its_status(tmp_path: Path) -> None:
-    root = tmp_path / "store"
-    policy = CompactionPolicy(fanout=4, max_plan=6, min_snapshot_bytes=1500, keep_last=1, background=False)
+def _write_run(root: Path, steps: int, keep_last: int) -> None:
+    """Run `papers`: saved, then saved again as each of its steps completes (v1..v{steps + 1}),
+    with snapshots every few versions and retention keeping `keep_last` (0: none)."""
+    policy = CompactionPolicy(fanout=4, max_plan=6, min_snapshot_bytes=1500, keep_last=keep_last,
+                              background=False)
     store = CheckpointStore(str(root), policy=policy)
-    run = AgentRun(run_id="papers", goal="summarise forty papers")
-    for i in range(40):
+    run = AgentRun(run_id="papers", goal=f"summarise {steps} papers")
+    for i in range(steps):
         run.add_step(Step(id=f"p{i}", title=f"paper {i}"))
     store.save_run(run)
-    for i in range(40):
+    for i in range(steps):
         step = run.steps[f"p{i}"]
-        step.status, step.result = StepStatus.COMPLETED, "x" * 200 + str(i)
+        step.status, step.result = StepStatus.COMPLETED, "x" * 300 + str(i)
         store.save_run(run)
     store.close()
+
+
+def test_a_version_left_only_as_a_snapshot_keeps_its_status(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    _write_run(root, 40, keep_last=1)
     snaps = sorted(int(p.stem) for p in (root / "runs" / "papers" / "snap").iterdir())
     logs = {int(p.stem) for p in (root / "runs" / "papers" / "log").iterdir()}
     only_snap = [v for v in snaps if v not in logs]
@@ -43,16 +50,7 @@ def test_a_store_that_keeps_no_fences_lists_none(tmp_path: Path) -> None:
     """Local disk deletes pruned journal records at once: records below the oldest snapshot of
     a run retention never pruned are history, not fences (v1 and v2 were shown '(fence)')."""
     root = tmp_path / "store"
-    policy = CompactionPolicy(fanout=4, max_plan=6, min_snapshot_bytes=1500, keep_last=0, background=False)
-    store = CheckpointStore(str(root), policy=policy)
-    run = AgentRun(run_id="papers", goal="g")
-    for i in range(12):
-        run.add_step(Step(id=f"p{i}", title=f"paper {i}"))
-    store.save_run(run)
-    for i in range(12):
-        run.steps[f"p{i}"].status, run.steps[f"p{i}"].result = StepStatus.COMPLETED, "y" * 300
-        store.save_run(run)
-    store.close()
+    _write_run(root, 12, keep_last=0)
     snaps = sorted(int(p.stem) for p in (root / "runs" / "papers" / "snap").iterdir())
     assert snaps and snaps[0] > 1, snaps  # journal records below the oldest snapshot exist
     code, out, err = cli("versions", str(root), "papers", "--json")
