@@ -388,12 +388,13 @@ def cmd_versions(args: argparse.Namespace) -> int:
 
     validate_id(args.run_id, "run id")
     storage = _storage(args)
-    infos = list_versions(storage, args.run_id)
+    keys = storage.list(run_prefix(args.run_id))  # one listing, for the versions and the folders
+    infos = list_versions(storage, args.run_id, keys=keys)
     if not infos:
         raise run_not_found(args.run_id, storage.display_url, storage)
     # a run folder that is a link or a file: the versions behind it are listed by nothing here,
     # and the table would say "a restore can target v15" of a run whose log/ held v16 and v17
-    blocked = blocked_run_dirs(storage.list(run_prefix(args.run_id)))
+    blocked = blocked_run_dirs(keys)
     unread = f"{not_a_directory(blocked)}: the versions stored there are not listed" if blocked else None
     # by file names; a version none of whose files decodes is no target (the restore would fail)
     points = set(restore_points(storage, args.run_id)) - {i.version for i in infos if not i.readable}

@@ -41,10 +41,13 @@ def read_only_store(storage: Storage) -> CheckpointStore:
     return CheckpointStore(storage=storage, policy=CompactionPolicy(background=False, keep_last=0))
 
 
-def run_files(storage: Storage, run_id: str) -> list[RunFile]:
-    """The run's well-formed record files (temp files and strays are verify's business)."""
+def run_files(storage: Storage, run_id: str, keys: list[str] | None = None) -> list[RunFile]:
+    """The run's well-formed record files (temp files and strays are verify's business), from
+    `keys` when the caller has listed the run already."""
     validate_id(run_id, "run id")
-    return [rf for rf in (parse_run_key(k) for k in storage.list(run_prefix(run_id))) if rf is not None]
+    if keys is None:
+        keys = storage.list(run_prefix(run_id))
+    return [rf for rf in (parse_run_key(k) for k in keys) if rf is not None]
 
 
 # ------------------------------------------------------------------------------ versions
@@ -73,13 +76,14 @@ class VersionInfo:
                 "restore_point": self.restore_point}
 
 
-def list_versions(storage: Storage, run_id: str, *, workers: int = 8) -> list[VersionInfo]:
+def list_versions(storage: Storage, run_id: str, *, workers: int = 8,
+                  keys: list[str] | None = None) -> list[VersionInfo]:
     """Every version a run's files end at, oldest first, with time and progress from headers.
 
     One file per version is decoded (the journal record if there is one: the smallest), in
     parallel on remote backends, so the cost is one GET per version, not a state rebuild each.
     """
-    files = run_files(storage, run_id)
+    files = run_files(storage, run_id, keys)
     by_version: dict[int, list[RunFile]] = {}
     for rf in files:
         by_version.setdefault(rf.version, []).append(rf)
