@@ -113,9 +113,14 @@ class StorageConformance:
             storage.put_stream("big/blob", io.BytesIO(b"other"), exclusive=True)
 
     def test_keys_cannot_escape_root(self, storage: Storage) -> None:
-        for bad in ["../x", "a/../../x", "/abs", "a//b", "a/./b", ""]:
+        for bad in ["../x", "a/../../x", "/abs", "a//b", "a/./b", "", "..", ".", "a/..", "a/.", "a/",
+                    "a\\b", "a\x00b", "a/./", "./a"]:
             with pytest.raises(ValueError):
                 storage.put(bad, b"1")
+        # names that only contain dots are keys like any other
+        for good in ["a/.b", "a/..b", "a/b..", "...", "a/.../b"]:
+            storage.put(good, b"1")
+            assert storage.get(good) == b"1"
 
     def test_describe_is_safe_to_print(self, storage: Storage) -> None:
         desc = storage.describe()

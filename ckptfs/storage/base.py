@@ -51,9 +51,11 @@ class Capabilities:
 
 def check_key(key: str) -> str:
     """Keys are relative, '/'-separated and never climb out of the store root."""
-    if not key or key.startswith("/") or "\\" in key or "\x00" in key:
+    if not key or key[0] == "/" or "\\" in key or "\x00" in key:
         raise ValueError(f"invalid storage key {key!r}")
-    if any(part in ("", ".", "..") for part in key.split("/")):
+    # an empty, "." or ".." segment, found without splitting: every storage call checks its key
+    framed = f"/{key}/"
+    if "//" in framed or "/./" in framed or "/../" in framed:
         raise ValueError(f"invalid storage key {key!r}")
     return key
 

@@ -424,9 +424,7 @@ class LogStorage(Storage):
         name = key.rpartition("/")[2]
         return name == LOG_NAME or (name.startswith("." + LOG_NAME) and TEMP_MARKER in name)
 
-    def _write(self, key: str, data: bytes, check: Callable[[_Group], None] | None = None) -> str:
-        group = self.group_of(key)
-        assert group is not None
+    def _write(self, group: str, key: str, data: bytes, check: Callable[[_Group], None] | None = None) -> str:
         with self._held(group) as g, g.log.locked() as w:
             replaced, records = w.new_records()
             g.apply(records, replaced)
@@ -443,32 +441,36 @@ class LogStorage(Storage):
 
     # ------------------------------------------------------------------------------ writes
 
-    def _grouped(self, key: str) -> bool:
-        """Whether `key` lives in a log; the log's own name is no key (ValueError)."""
+    def _grouped(self, key: str) -> str | None:
+        """The group whose log holds `key` (None: a plain file); the log's own name is no key
+        (ValueError)."""
         group = self.group_of(check_key(key))
         if group is None:
-            return False
+            return None
         if key == group + LOG_NAME or self._is_log_file(key):
             raise ValueError(f"invalid storage key {key!r}: the name of its group's log")
-        return True
+        return group
 
     def put(self, key: str, data: bytes) -> str:
-        if not self._grouped(key):
+        group = self._grouped(key)
+        if group is None:
             return self.inner.put(key, data)
-        return self._write(key, data)
+        return self._write(group, key, data)
 
     def put_if_absent(self, key: str, data: bytes) -> str:
-        if not self._grouped(key):
+        group = self._grouped(key)
+        if group is None:
             return self.inner.put_if_absent(key, data)
 
         def absent(g: _Group) -> None:
             if key in g.index or (g.loose and self.inner.exists(key)):
                 raise FileExistsError(key)
 
-        return self._write(key, data, absent)
+        return self._write(group, key, data, absent)
 
     def put_if_match(self, key: str, data: bytes, etag: str) -> str:
-        if not self._grouped(key):
+        group = self._grouped(key)
+        if group is None:
             return self.inner.put_if_match(key, data, etag)
 
         def matches(g: _Group) -> None:
@@ -481,7 +483,7 @@ class LogStorage(Storage):
             if current != etag:
                 raise PreconditionFailed(f"{key}: etag is {current}, expected {etag}")
 
-        return self._write(key, data, matches)
+        return self._write(group, key, data, matches)
 
     def put_stream(self, key: str, src: IO[bytes], exclusive: bool = False) -> None:
         if not self._grouped(key):
@@ -498,8 +500,9 @@ class LogStorage(Storage):
         """All of `keys` gone with one fdatasync per group, in the order given."""
         by_group: dict[str, list[str]] = {}
         for key in keys:
-            if self._grouped(key):
-                by_group.setdefault(str(self.group_of(key)), []).append(key)
+            group = self._grouped(key)
+            if group is not None:
+                by_group.setdefault(group, []).append(key)
             else:
                 self.inner.delete(key)
         for group, members in by_group.items():
@@ -546,9 +549,9 @@ class LogStorage(Storage):
     # ------------------------------------------------------------------------------- reads
 
     def get_with_etag(self, key: str) -> tuple[bytes, str]:
-        if not self._grouped(key):
+        group = self._grouped(key)
+        if group is None:
             return self.inner.get_with_etag(key)
-        group = str(self.group_of(key))
         for _ in range(3):  # another process can rewrite the file between our index and the read
             with self._held(group) as g:
                 g.sync()
@@ -670,8 +673,9 @@ class LogStorage(Storage):
         return out
 
     def size(self, key: str) -> int:
-        if self._grouped(key):
-            with self._held(str(self.group_of(key))) as g:
+        group = self._grouped(key)
+        if group is not None:
+            with self._held(group) as g:
                 g.sync()
                 g.check_readable(key)
                 hit = g.index.get(key)
@@ -680,10 +684,9 @@ class LogStorage(Storage):
         return self.inner.size(key)
 
     def modified(self, key: str) -> float:
-        if self._grouped(key):
-            group = str(self.group_of(key))
-            if key in self._live_keys(group):
-                return self.inner.modified(group + LOG_NAME)
+        group = self._grouped(key)
+        if group is not None and key in self._live_keys(group):
+            return self.inner.modified(group + LOG_NAME)
         return self.inner.modified(key)
 
     def touch(self, key: str) -> None:
