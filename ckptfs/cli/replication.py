@@ -290,8 +290,13 @@ def _check_restorable(source: Target, run: str | None, version: int | None) -> N
     """Check the mirror holds something, the run `--run` names and a file at `--version`:
     asking for what the mirror does not have is bad input (exit 2, naming the versions a
     restore can target, as `ckptfs versions` lists them), refused before DST is touched. A
-    version the mirror does hold but cannot load stays the restore's report: exit 1."""
+    version the mirror does hold but cannot load stays the restore's report: exit 1, and so
+    does one the mirror may hold behind a run folder that is no directory (a symlink or a
+    file: `format.keys.blocked_run_dirs`): the restore names the folder; "no version 16" was
+    wrong when v16 sat in a linked `log/`. A run with nothing but such folders is named with
+    what stands there."""
     from ckptfs.cli._render import version_list
+    from ckptfs.format.keys import blocked_run_dirs
     from ckptfs.format.models import validate_id
     from ckptfs.replication.plan import run_files
     from ckptfs.replication.restore import restore_points
@@ -301,10 +306,11 @@ def _check_restorable(source: Target, run: str | None, version: int | None) -> N
         if run is None:
             return
         validate_id(run, "run id")
-        files, _ = run_files(storage, run)
+        files, keys = run_files(storage, run)
         if not files:
-            raise run_not_found(run, source.describe())
-        if version is not None and version not in {f.version for f in files}:
+            raise run_not_found(run, source.describe(), storage)
+        if version is not None and version not in {f.version for f in files} \
+                and not blocked_run_dirs(keys):
             points = restore_points(storage, run)
             raise CliError(f"run {run!r} has no version {version} in {source.describe()}; a restore "
                            f"can target {len(points)}: {version_list(points)}", kind="not-found")

@@ -20,7 +20,7 @@ from ckptfs.errors import (
     StorageUnavailableError,
     VersionNotFoundError,
 )
-from ckptfs.format.keys import namespace_plugin
+from ckptfs.format.keys import RunFile, namespace_plugin
 from ckptfs.format.models import ArtifactRef
 from ckptfs.replication.copy import (
     DEFAULT_ATTEMPTS,
@@ -45,7 +45,7 @@ from ckptfs.storage.registry import list_keys, open_storage
 from ckptfs.storage.retry import RetryingStorage
 from ckptfs.store.checkpoint_store import CheckpointStore
 from ckptfs.store.compactor import CompactionPolicy
-from ckptfs.store.loader import gc_paused
+from ckptfs.store.loader import gc_paused, unread_folders
 
 logger = logging.getLogger(__name__)
 
@@ -178,7 +178,35 @@ def restore_points(src_url: StorageLike, run_id: str,
 
 def restore_run(m: Mirror, run_id: str, version: int | None, prog: Progress,
                  staging_dir: str | None) -> RunResult:
-    files, _ = run_files(m.src, run_id)
+    """One run's point, staged, verified and published. A folder of the run that is no
+    directory in the mirror (a symlink, never followed, or a file) hides versions no read
+    reaches: the newest point of the regular files (v15 from `snap/` while a linked `log/` held
+    v16 and v17) was restored, "restored 15", exit 0, and verify called the store clean, a run
+    a version short for an agent to resume and pay again. As a mirror pass does, the run is
+    `incomplete` (exit 1) and the folder named; unlike a mirror, a restored store is nobody's
+    earlier state, so nothing of it is published. A `--version` asked for is another matter:
+    that point is whole when it loads from the regular files, and is restored, with a note."""
+    files, keys = run_files(m.src, run_id)
+    unread = unread_folders(keys)
+    if unread and version is None:
+        hint = " (`--version` restores one of the points `ckptfs versions` lists)" if name_path(files) else ""
+        reasons = [f"{why}, so the run is not restored{hint}" for why in unread]
+        return RunResult(run_id, "incomplete", source_version=max((f.version for f in files), default=0),
+                         error="; ".join(reasons), missing=reasons)
+    res = _restore_point(m, run_id, files, version, prog, staging_dir)
+    if unread and res.ok:
+        res.notes += unread
+    elif unread:
+        reasons = [f"{why}, so version {version} may be among them" for why in unread]
+        res.missing = reasons + res.missing
+        if res.status != "conflict":
+            res.status = "incomplete"
+        res.error = "; ".join(reasons) + (f"; {res.error}" if res.error else "")
+    return res
+
+
+def _restore_point(m: Mirror, run_id: str, files: list[RunFile], version: int | None, prog: Progress,
+                   staging_dir: str | None) -> RunResult:
     res = RunResult(run_id, "restored")
     if not files:
         res.status, res.error = "failed", f"run {run_id!r} is not in the mirror"
