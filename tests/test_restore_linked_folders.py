@@ -12,15 +12,27 @@ before, and a link out of the mirror to valid-looking files is never read throug
 from __future__ import annotations
 
 import json
+import logging
+import os
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import _cli_store
 import pytest
 from _cli_store import RUN
-from test_cli_commands import cli
+from _fault_proxy import FaultProxy, Request
+from test_cli_commands import CLI, cli
 from test_review_blocked_run_dirs import NOT_A_DIR, _block, _files
+
+from backends.s3.embedded import EmbeddedS3
+from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
+from ckptfs.format.keys import run_prefix
+from ckptfs.replication.restore import restore_points
+from ckptfs.storage.base import Storage
+from ckptfs.storage.registry import open_storage
+from tests._forwarding import Forwarding
 
 pristine, store = _cli_store.pristine, _cli_store.store  # fixtures: papers v1..v17, snaps at 3..15
 
@@ -126,3 +138,53 @@ def test_a_run_holding_nothing_but_a_linked_folder_is_named_not_just_absent(mirr
     assert code == 1 and rows[RUN]["status"] == "incomplete", rows
     assert "--version" not in str(rows[RUN]["error"])  # no point to offer
     assert rows["finished"]["status"] == "restored"
+
+
+class _Counting(Forwarding):
+    def __init__(self, inner: Storage) -> None:
+        super().__init__(inner)
+        self.lists: list[str] = []
+
+    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
+        self.lists.append(prefix)
+        return super().list(prefix, start_after)
+
+
+def test_restore_points_reads_the_listing_it_is_given_and_names_a_blocked_folder(
+        mirror: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """`ckptfs versions` listed the run, then restore_points listed it again (a second LIST on
+    S3): given the keys it lists nothing. Listing itself, it warns of a folder it cannot read."""
+    _block(mirror, "log", "symlink", tmp_path / "elsewhere")
+    st = _Counting(open_storage(str(mirror)))
+    keys = st.list(run_prefix(RUN))
+    st.lists.clear()
+    assert restore_points(st, RUN, keys=keys) == [15]
+    assert st.lists == []
+    with caplog.at_level(logging.WARNING, logger="ckptfs.replication.restore"):
+        assert restore_points(st, RUN) == [15]
+    assert st.lists == [run_prefix(RUN)]
+    assert any(f"runs/{RUN}/log: {NOT_A_DIR}" in r.getMessage() for r in caplog.records), caplog.records
+
+
+def test_versions_on_s3_lists_the_run_once(s3: EmbeddedS3, s3_url: str, tmp_path: Path) -> None:
+    """`ckptfs versions` over S3 sent two LISTs of the run (list_versions', then restore_points'
+    own): one, counted over real HTTP through a recording proxy."""
+    store = CheckpointStore(s3_url, s3.storage_options)
+    run = AgentRun(run_id="one", goal="g", steps={f"s{i}": Step(id=f"s{i}", title=f"t{i}") for i in range(3)})
+    store.save_run(run)
+    for i in range(3):
+        step = run.steps[f"s{i}"]
+        step.status, step.result = StepStatus.COMPLETED, f"result {i}"
+        store.commit(run, [step])
+    store.close()
+    seen: list[Request] = []
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CKPTFS_", "AWS_"))}
+    env.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION=s3.region)
+    with FaultProxy(s3.endpoint, seen.append) as proxy:
+        ep = f"client_kwargs.endpoint_url={proxy.endpoint}"
+        got = subprocess.run([CLI, "versions", s3_url, "one", "-o", ep, "--json"], capture_output=True,
+                             text=True, env=env, timeout=120, cwd=tmp_path)
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert json.loads(got.stdout)["restore_points"] == [1, 2, 3, 4]
+    lists = [r.path for r in seen if r.method == "GET" and "list-type" in r.path and "runs%2Fone" in r.path]
+    assert len(lists) == 1, [(r.method, r.path) for r in seen]

@@ -294,7 +294,7 @@ def _check_restorable(source: Target, run: str | None, version: int | None) -> N
     does one the mirror may hold behind a run folder that is no directory (a symlink or a
     file: `format.keys.blocked_run_dirs`): the restore names the folder; "no version 16" was
     wrong when v16 sat in a linked `log/`. A run with nothing but such folders is named with
-    what stands there."""
+    what stands there. The run is listed once (a second LIST is a round trip on S3)."""
     from ckptfs.cli._render import version_list
     from ckptfs.format.keys import blocked_run_dirs
     from ckptfs.format.models import validate_id
@@ -311,7 +311,7 @@ def _check_restorable(source: Target, run: str | None, version: int | None) -> N
             raise run_not_found(run, source.describe(), storage)
         if version is not None and version not in {f.version for f in files} \
                 and not blocked_run_dirs(keys):
-            points = restore_points(storage, run)
+            points = restore_points(storage, run, keys=keys)
             raise CliError(f"run {run!r} has no version {version} in {source.describe()}; a restore "
                            f"can target {len(points)}: {version_list(points)}", kind="not-found")
     finally:

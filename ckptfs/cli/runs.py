@@ -397,7 +397,8 @@ def cmd_versions(args: argparse.Namespace) -> int:
     blocked = blocked_run_dirs(keys)
     unread = f"{not_a_directory(blocked)}: the versions stored there are not listed" if blocked else None
     # by file names; a version none of whose files decodes is no target (the restore would fail)
-    points = set(restore_points(storage, args.run_id)) - {i.version for i in infos if not i.readable}
+    unreadable = {i.version for i in infos if not i.readable}
+    points = set(restore_points(storage, args.run_id, keys=keys)) - unreadable
     for i in infos:
         i.restore_point = i.version in points
     # A journal record below the oldest snapshot is a fence retention keeps on a remote store

@@ -10,7 +10,7 @@ import logging
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import IO, Any
 
 from ckptfs.errors import (
@@ -20,7 +20,7 @@ from ckptfs.errors import (
     StorageUnavailableError,
     VersionNotFoundError,
 )
-from ckptfs.format.keys import RunFile, namespace_plugin
+from ckptfs.format.keys import RunFile, namespace_plugin, parse_run_key, run_prefix
 from ckptfs.format.models import ArtifactRef
 from ckptfs.replication.copy import (
     DEFAULT_ATTEMPTS,
@@ -166,11 +166,21 @@ def restore_langgraph(m: Mirror, keys: list[str], prog: Progress) -> RunResult:
 
 
 def restore_points(src_url: StorageLike, run_id: str,
-                   src_options: Mapping[str, Any] | None = None) -> list[int]:
-    """Versions a restore of `run_id` from this mirror can target (by file names; advisory)."""
-    st = as_storage(src_url, src_options, 1, 0.0)
-    files, _ = run_files(st, run_id)
-    chain = name_path(files)
+                   src_options: Mapping[str, Any] | None = None,
+                   keys: Iterable[str] | None = None) -> list[int]:
+    """Versions a restore of `run_id` from this mirror can target (by file names; advisory).
+
+    `keys`: the run's listing, when the caller has it already (`ckptfs versions` lists the run
+    once; on S3 each listing is a round trip). A run folder that is no directory (a symlink,
+    never followed, or a file) hides whatever versions it holds: the points are those of the
+    regular files, and, unless the caller passed the listing (and so can name the folder
+    itself, as `versions` does), a warning says what was not read.
+    """
+    if keys is None:
+        keys = as_storage(src_url, src_options, 1, 0.0).list(run_prefix(run_id))
+        for why in unread_folders(keys):
+            logger.warning("run %s: %s, so no restore point among them is listed", run_id, why)
+    chain = name_path([rf for k in keys if (rf := parse_run_key(k)) is not None])
     if not chain:
         return []
     return [f.version for f in chain]
