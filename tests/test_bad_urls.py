@@ -50,6 +50,9 @@ _REFUSED = [
     ("s3:///prefix", "is not a valid S3 bucket name"),
     ("memory://", "memory:// needs a name"),
     ("file://relative", "file:// URLs take no host"),
+    ("local://host/x", "local:// URLs take no host"),  # was the directory host/x under the cwd
+    ("LOCAL://relative", "local:// URLs take no host"),
+    ("local://", "no path"),  # was the cwd itself, through fsspec
 ]
 
 
@@ -77,7 +80,9 @@ def test_a_url_the_registry_cannot_serve_is_exit_2_naming_the_problem(tmp_path: 
 
 
 @pytest.mark.parametrize(("url", "meant"), [("memory:", "memory://NAME"), ("memory:runs", "memory://runs"),
-                                             ("s3:bucket/prefix", "s3://bucket/prefix")])
+                                             ("s3:bucket/prefix", "s3://bucket/prefix"),
+                                             ("local:relative", "local:///relative"),
+                                             ("local:/abs", "local:///abs")])
 @pytest.mark.parametrize("command", [["runs"], ["show", "{url}", "papers"], ["verify"]])
 def test_a_scheme_without_its_slashes_is_named_as_a_local_path(tmp_path: Path, url: str, meant: str,
                                                                command: list[str]) -> None:
@@ -106,3 +111,78 @@ def test_the_supported_forms_still_open(tmp_path: Path) -> None:
             assert json.loads(proc.stdout), argv
     proc = _run_cli(tmp_path, ["runs", "memory://runs", "--json"])
     assert proc.returncode == 2 and json.loads(proc.stdout)["error"]["code"] == "empty", proc.stdout
+
+
+def test_local_url_opens_the_local_storage_file_url_opens(tmp_path: Path) -> None:
+    """fsspec's `local://` is its other name for `file://`: it opened through the generic
+    backend (no exclusive create, no fsync, no LangGraph log), whatever the case of the scheme.
+    Each spelling is LocalStorage on the same directory, shown back as the user gave it."""
+    from ckptfs.storage.local import LocalStorage
+    from ckptfs.storage.registry import open_storage
+
+    root = tmp_path / "store"
+    for url in (f"file://{root}", f"File://{root}", f"local://{root}", f"LOCAL://{root}",
+                f"local://localhost{root}"):
+        storage = open_storage(url)
+        assert type(storage) is LocalStorage, (url, storage)
+        assert storage.root == str(root) and storage.capabilities.exclusive_create, url
+        assert storage.display_url == url, (url, storage.display_url)
+
+
+def test_local_url_is_served_as_file_url_by_the_cli(tmp_path: Path) -> None:
+    """`ckptfs runs local:///STORE` warned "file:// has no exclusive create or compare-and-swap
+    here" (the generic backend); it lists what the plain path lists, silently, naming the store
+    by the URL given."""
+    root = tmp_path / "store"
+    _agent_store(root)
+    plain = _run_cli(tmp_path, ["runs", str(root), "--json"])
+    assert plain.returncode == 0, plain.stderr[-500:]
+    for url in (f"local://{root}", f"LOCAL://{root}", f"File://{root}", f"local://localhost{root}"):
+        for argv in (["runs", url, "--json"], ["verify", url]):
+            proc = _run_cli(tmp_path, argv)
+            assert proc.returncode == 0, (argv, proc.returncode, proc.stderr[-500:])
+            assert "ckptfs.storage.generic" not in proc.stderr and "compare-and-swap" not in proc.stderr, \
+                (argv, proc.stderr[-500:])
+        doc = json.loads(_run_cli(tmp_path, ["runs", url, "--json"]).stdout)
+        assert doc.pop("url") == url, doc  # display_url: the URL as given
+        assert doc == {k: v for k, v in json.loads(plain.stdout).items() if k != "url"}, url
+
+
+def test_a_new_store_is_written_through_a_local_url(tmp_path: Path) -> None:
+    """Through fsspec, a write under local:// made no directories: the first save of a run
+    raised FileNotFoundError, and `mirror SRC local:///DST` said "No such file or directory",
+    exit 1, copying nothing. The same writes as through file://."""
+    from ckptfs import AgentRun, CheckpointStore, Step
+
+    run = AgentRun(run_id="r", goal="g")
+    run.add_step(Step(id="a", title="a"))
+    store = CheckpointStore(f"local://{tmp_path / 'lib'}")
+    store.save_run(run)
+    assert CheckpointStore(str(tmp_path / "lib")).load_run("r") == run
+    src = tmp_path / "src"
+    _agent_store(src)
+    proc = _run_cli(tmp_path, ["mirror", str(src), f"local://{tmp_path / 'dst'}", "--once", "--no-progress",
+                               "--json"])
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-500:])
+    assert "ckptfs.storage.generic" not in proc.stderr, proc.stderr[-500:]
+    mirrored = _run_cli(tmp_path, ["runs", str(tmp_path / "dst"), "--json"])
+    original = _run_cli(tmp_path, ["runs", str(src), "--json"])
+    assert mirrored.returncode == 0, mirrored.stderr[-500:]
+    assert json.loads(mirrored.stdout)["runs"] == json.loads(original.stdout)["runs"], mirrored.stdout
+
+
+KEY_ID, SECRET = "AKIAUNDERSCORE7KEY", "Under+Score/Secret@x"
+
+
+@pytest.mark.parametrize(("url", "says"), [
+    (f"local://{KEY_ID}:{SECRET}@h/p", "local:// URLs take no host"),
+])
+@pytest.mark.parametrize("command", [["runs"], ["verify"], ["-vv", "verify"], ["show", "--thread", "t"]])
+def test_a_refused_url_never_echoes_its_credentials(tmp_path: Path, url: str, says: str,
+                                                    command: list[str]) -> None:
+    proc = _run_cli(tmp_path, [*command, url])
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and says in out, (proc.returncode, out[-500:])
+    assert not [p for p in (KEY_ID, SECRET, "Under+Score", "Secret@x") if p in out], out
+    assert "***@h/p" in out and "Traceback" not in out, out
+    assert list(tmp_path.iterdir()) == [], "nothing is written for a refused URL"

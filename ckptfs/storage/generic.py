@@ -46,7 +46,8 @@ class FsspecStorage(Storage):
         return f"{self.root}/{check_key(key)}"
 
     def local_root(self) -> str | None:
-        """A `local://` URL is a directory on this machine too: an export must not write into it."""
+        """fsspec's local file system, given in code, is a directory on this machine too: an
+        export must not write into it (a file:// or local:// URL opens LocalStorage instead)."""
         from fsspec.implementations.local import LocalFileSystem
 
         return os.path.realpath(self.root) if isinstance(self.fs, LocalFileSystem) else None

@@ -40,9 +40,9 @@ def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> 
         raise ConfigError(f"{shown}: {why}; give {_FORMS}")
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    if scheme == "file":
+    if scheme in ("file", "local"):  # local:// is fsspec's other name for file://: the same disk
         if parts.netloc not in ("", "localhost"):
-            raise ConfigError(f"{shown}: file:// URLs take no host; use file:///absolute/path")
+            raise ConfigError(f"{shown}: {scheme}:// URLs take no host; use {scheme}:///absolute/path")
         if not parts.path:
             raise ConfigError(f"{shown}: no path")
         return LocalStorage(url, parts.path, opts)
