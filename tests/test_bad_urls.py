@@ -53,6 +53,10 @@ _REFUSED = [
     ("local://host/x", "local:// URLs take no host"),  # was the directory host/x under the cwd
     ("LOCAL://relative", "local:// URLs take no host"),
     ("local://", "no path"),  # was the cwd itself, through fsspec
+    ("arrow_hdfs://h/p", "unsupported storage scheme 'arrow_hdfs'"),  # was "no URL scheme"
+    ("ARROW_HDFS://h/p", "unsupported storage scheme 'arrow_hdfs'"),
+    ("a_b://h/p", "unsupported storage scheme 'a_b'"),
+    ("async_wrapper:///tmp/store", "async_wrapper:// wraps another file system"),  # was "no URL scheme"
 ]
 
 
@@ -111,6 +115,25 @@ def test_the_supported_forms_still_open(tmp_path: Path) -> None:
             assert json.loads(proc.stdout), argv
     proc = _run_cli(tmp_path, ["runs", "memory://runs", "--json"])
     assert proc.returncode == 2 and json.loads(proc.stdout)["error"]["code"] == "empty", proc.stdout
+
+
+_FORMS = "a path, file:///path, s3://bucket/prefix or memory://name"
+
+
+@pytest.mark.parametrize("url", ["arrow_hdfs://h/p", "ARROW_HDFS://KEY:SECRET@h/p", "a_b://h/p"])
+def test_a_scheme_with_an_underscore_is_named_unsupported(tmp_path: Path, url: str) -> None:
+    """`arrow_hdfs://h/p` (an fsspec protocol) said "no URL scheme before '://' ('arrow_hdfs' is
+    none)": urlsplit reads no scheme where there is a '_'. The scheme is named as unsupported,
+    with the forms that are, and fsspec's valid name for the same file system where it has one;
+    nothing is opened or written."""
+    proc = _run_cli(tmp_path, ["runs", url, "--json"])
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-500:])
+    message = json.loads(proc.stdout)["error"]["message"]
+    scheme = url.split("://")[0].lower()
+    assert f"unsupported storage scheme {scheme!r}" in message, message
+    assert "no URL scheme" not in message and f"give {_FORMS}" in message, message
+    assert ("fsspec's other name for it is hdfs://" in message) == (scheme == "arrow_hdfs"), message
+    assert "Traceback" not in proc.stderr and list(tmp_path.iterdir()) == [], proc.stderr[-500:]
 
 
 def test_local_url_opens_the_local_storage_file_url_opens(tmp_path: Path) -> None:
@@ -175,6 +198,9 @@ KEY_ID, SECRET = "AKIAUNDERSCORE7KEY", "Under+Score/Secret@x"
 
 
 @pytest.mark.parametrize(("url", "says"), [
+    (f"arrow_hdfs://{KEY_ID}:{SECRET}@h/p", "unsupported storage scheme 'arrow_hdfs'"),
+    (f"ARROW_HDFS://{KEY_ID}:{SECRET}@h/p", "unsupported storage scheme 'arrow_hdfs'"),
+    (f"async_wrapper://{KEY_ID}:{SECRET}@h/p", "async_wrapper:// wraps another file system"),
     (f"local://{KEY_ID}:{SECRET}@h/p", "local:// URLs take no host"),
 ])
 @pytest.mark.parametrize("command", [["runs"], ["verify"], ["-vv", "verify"], ["show", "--thread", "t"]])

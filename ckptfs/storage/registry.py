@@ -22,6 +22,9 @@ _INSTALL_HINTS = {"gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
 _WRAPPERS = frozenset({"dir", "blockcache", "cached", "filecache", "simplecache", "generic",
                        "asyncwrapper", "async_wrapper"})
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*")
+# A scheme but for a '_' (RFC 3986 allows none): fsspec's arrow_hdfs and async_wrapper. urlsplit
+# reads no scheme in such a URL, so it is refused by name here, never served.
+_UNDERSCORED = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*_[A-Za-z0-9+.\-_]*")
 _FORMS = "a path, file:///path, s3://bucket/prefix or memory://name"
 
 
@@ -34,6 +37,13 @@ def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> 
         return LocalStorage(url, url, opts)
     shown = redact_url(url)
     head = url.split("://", 1)[0]
+    if _UNDERSCORED.fullmatch(head):  # arrow_hdfs://: urlsplit finds no scheme in it
+        scheme = head.lower()
+        if scheme in _WRAPPERS:
+            raise ConfigError(f"{shown}: {scheme}:// wraps another file system and names no store "
+                              f"of its own; give the store's own URL: {_FORMS}")
+        raise ConfigError(f"{shown}: unsupported storage scheme {scheme!r} (a URL scheme holds no "
+                          f"'_'{_other_name(scheme)}); give {_FORMS}")
     if not _SCHEME.fullmatch(head):
         why = "chained URLs (a::b://...) are not supported" if "::" in head else \
             "no URL scheme before '://'" + (f" ({head!r} is none)" if head and "@" not in head else "")
@@ -92,6 +102,17 @@ def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     if not isinstance(root, str) or not root:
         raise ConfigError(f"{shown}: no path to a store in this URL; give {_FORMS}")
     return FsspecStorage(url, fs, root, opts)
+
+
+def _other_name(scheme: str) -> str:
+    """`; fsspec's other name for it is hdfs://` when fsspec serves `scheme` by a class that a
+    valid scheme names too (arrow_hdfs is hdfs), else ""."""
+    from fsspec.registry import known_implementations
+
+    cls = known_implementations.get(scheme, {}).get("class")
+    same = sorted(p for p, impl in known_implementations.items()
+                  if cls and impl.get("class") == cls and _SCHEME.fullmatch(p))
+    return f"; fsspec's other name for it is {same[0]}://" if same else ""
 
 
 def meant_url(path: str) -> str | None:
