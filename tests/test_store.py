@@ -293,10 +293,16 @@ def test_idle_compactor_threads_exit_and_restart(monkeypatch: pytest.MonkeyPatch
         time.sleep(0.05)
     assert not any(t is not None and t.is_alive() for t in threads)  # idle stores hold no thread
     assert all(st._compactor._thread is None for st in stores)
+    # the restarted thread must not idle out again before it is looked at (0.2 s is short on a
+    # loaded machine); the class attribute is read at each check
+    monkeypatch.setattr(Compactor, "IDLE_EXIT_SECONDS", 60.0)
     run = make_run(3, run_id="again")
     stores[0].save_run(run)
     assert stores[0]._compactor._thread is not None  # restarted on demand
     assert stores[0].flush(timeout=5) and stores[0].load_run("again") == run
+    for st in stores:
+        st.close()
+    assert stores[0]._compactor._thread is None  # closed: no thread left behind for 60 s
 
 
 def test_retention_runs_for_writers_too_short_lived_to_write_keep_last_snapshots(tmp_path: Any) -> None:
