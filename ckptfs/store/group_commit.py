@@ -89,7 +89,17 @@ class GroupCommitter:
 
     def submit(self, run_id: str, *, run: AgentRun | None = None, steps: Iterable[Step] = (),
                tool_calls: Iterable[tuple[str, ToolCall]] = ()) -> concurrent.futures.Future[int]:
-        """Queue a commit; the future resolves to its version once it is durable (or fails)."""
+        """Queue a commit; the future resolves to its version once it is durable (or fails).
+
+        The run-level fields are taken now, not when the writer gets to the part: the caller
+        goes on changing the live run meanwhile (another step finishes and adds its spend to
+        `total_tokens`), and a record written with those totals but without that step's
+        completion made a crash keep the spend and lose the step, so the resume counted it
+        twice. The copy is shallow (the steps stay shared; a part names its own) but for
+        `metadata`, whose dict the runtime edits in place.
+        """
+        if run is not None:
+            run = run.model_copy(update={"metadata": dict(run.metadata)})
         part = GroupPart(run_id, run, list(steps), list(tool_calls))
         with self._lock:
             self._queue.append(part)
