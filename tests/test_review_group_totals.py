@@ -10,6 +10,10 @@ its spend: the resume ran A again and counted it twice (found with random SIGKIL
 
 Here that order is forced: the child holds the writer thread on B's mark until A has been
 accounted, lets the mark's record land, and is SIGKILLed as A's record is about to be written.
+
+The same loss came from the README's executor made async: a sync `agent.tools().run` inside
+an `aexecute_run` executor committed B's mark on the event loop's thread, ahead of A's
+completion still queued on the writer thread ("sync" below).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ckptfs import CheckpointedAgent, CheckpointStore, Step, StepResult, StepStatus
 
 ROOT = str(Path(__file__).resolve().parent.parent)
@@ -34,16 +40,26 @@ def _steps() -> list[Step]:
     return [Step(id="a", title="a"), Step(id="b", title="b")]
 
 
-def _child(url: str) -> None:
+def _child(url: str, how: str) -> None:
     store = CheckpointStore(url)
     agent = CheckpointedAgent(store)
     run = agent.start_run("totals", _steps(), run_id=RUN)
     real = store.commit_many
-    writes = 0
+    real_commit = store.commit
+    b_marked = False
+
+    def commit(run: Any, steps: Any = None) -> int:  # the sync path's direct commit
+        nonlocal b_marked
+        version = real_commit(run, steps)
+        b_marked = b_marked or any(s.id == "b" for s in steps or ())
+        return version
 
     def hooked(parts: Any) -> None:
-        nonlocal writes
-        writes += 1
+        if how == "sync" and any(p.steps and p.steps[0].id == "a" for p in parts):
+            deadline = time.monotonic() + 1
+            while not b_marked and time.monotonic() < deadline:
+                time.sleep(0.005)  # B's sync mark may go first, if nothing holds it back
+            os.kill(os.getpid(), signal.SIGKILL)  # the machine dies before A's record
         if any(p.steps and p.steps[0].id == "b" and p.steps[0].status == StepStatus.RUNNING
                for p in parts):
             deadline = time.monotonic() + 10
@@ -57,8 +73,15 @@ def _child(url: str) -> None:
         real(parts)
 
     store.commit_many = hooked  # type: ignore[method-assign]
+    store.commit = commit  # type: ignore[method-assign]
 
     async def executor(step: Step, prior: list[Any]) -> StepResult:
+        if how == "sync":
+            if step.id == "a":
+                return StepResult("a done", tokens=A_TOKENS)
+            await asyncio.sleep(0.05)  # A's completion is queued by now
+            agent.tools().run("pay", {"x": 1}, lambda x: x)
+            return StepResult("b done", tokens=B_TOKENS)
         if step.id == "a":
             await asyncio.sleep(0.05)  # B's mark is queued by now
             return StepResult("a done", tokens=A_TOKENS)
@@ -68,9 +91,10 @@ def _child(url: str) -> None:
     asyncio.run(agent.aexecute_run(run, executor, concurrency=2))
 
 
-def test_a_grouped_mark_does_not_make_a_lost_steps_spend_durable(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["arun", "sync"])
+def test_a_mark_does_not_make_a_lost_steps_spend_durable(tmp_path: Path, how: str) -> None:
     url = str(tmp_path / "store")
-    child = subprocess.run([sys.executable, __file__, url], env={**os.environ, "PYTHONPATH": ROOT},
+    child = subprocess.run([sys.executable, __file__, url, how], env={**os.environ, "PYTHONPATH": ROOT},
                            capture_output=True, text=True, timeout=60)
     assert child.returncode == -signal.SIGKILL, child.stderr
     store = CheckpointStore(url)
@@ -99,4 +123,4 @@ def test_a_grouped_mark_does_not_make_a_lost_steps_spend_durable(tmp_path: Path)
 
 
 if __name__ == "__main__":
-    _child(sys.argv[1])
+    _child(sys.argv[1], sys.argv[2])

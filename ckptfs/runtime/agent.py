@@ -172,6 +172,7 @@ class CheckpointedAgent:
 
     def record_tool_call(self, run_id: str, step_id: str, tool_call: ToolCall) -> None:
         """Log a tool call durably, for audit and for the idempotency cache (seed API)."""
+        self._after_queued_writes()
         self._write_tool_call(run_id, step_id, tool_call)
         self._tool_logs.add(run_id, step_id, tool_call)
 
@@ -558,6 +559,7 @@ class CheckpointedAgent:
                              len(batch))
 
     def _commit(self, ex: Execution, steps: list[Step]) -> None:
+        self._after_queued_writes()
         try:
             self.store.commit(ex.run, steps)
         except BaseException:
@@ -630,6 +632,16 @@ class CheckpointedAgent:
         self._io_pending.add(fut)
         fut.add_done_callback(self._io_pending.discard)
         return await asyncio.shield(asyncio.wrap_future(fut))
+
+    def _after_queued_writes(self) -> None:
+        """Before a write made here, on the caller's thread: wait for those queued on the
+        writer thread. A sync `tools().run` inside an `aexecute_run` executor (the README's
+        executor, made async) commits its RUNNING mark directly; written ahead of a queued
+        completion, that record carried the run's totals with the finished step's spend but
+        not the step, so a crash in between made the resume count that spend twice."""
+        pending = list(self._io_pending)
+        if pending:
+            concurrent.futures.wait(pending)
 
     def _drain_io(self, timeout: float = 60.0) -> None:
         """Wait for writes already handed to the worker thread (on the way out of a crash)."""
