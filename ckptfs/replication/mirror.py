@@ -154,11 +154,7 @@ class Mirror:
         res = self._point(run_id, src_files, src_keys, every_n, latest,
                           None if unread else keep_last, progress)
         if unread:
-            reasons = [f"{why}, so they are not mirrored" for why in unread]
-            res.missing = reasons + res.missing
-            if res.status != "conflict":
-                res.status = "incomplete"
-            res.error = "; ".join(reasons) + (f"; {res.error}" if res.error else "")
+            res.not_whole([f"{why}, so they are not mirrored" for why in unread])
         return res
 
     def _point(self, run_id: str, src_files: list[RunFile], src_keys: set[str], every_n: int,

@@ -58,6 +58,14 @@ class RunResult:
     def ok(self) -> bool:
         return self.status not in ("incomplete", "conflict", "failed")
 
+    def not_whole(self, reasons: list[str]) -> None:
+        """What the pass could not read of the run (a folder that is no directory), first among
+        what is missing and in the error: the run is incomplete, unless a conflict says more."""
+        self.missing = reasons + self.missing
+        if self.status != "conflict":
+            self.status = "incomplete"
+        self.error = "; ".join(reasons) + (f"; {self.error}" if self.error else "")
+
 
 @dataclass
 class TransferReport:

@@ -207,11 +207,7 @@ def restore_run(m: Mirror, run_id: str, version: int | None, prog: Progress,
     if unread and res.ok:
         res.notes += unread
     elif unread:
-        reasons = [f"{why}, so version {version} may be among them" for why in unread]
-        res.missing = reasons + res.missing
-        if res.status != "conflict":
-            res.status = "incomplete"
-        res.error = "; ".join(reasons) + (f"; {res.error}" if res.error else "")
+        res.not_whole([f"{why}, so version {version} may be among them" for why in unread])
     return res
 
 
