@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -52,6 +53,25 @@ _WIDTH = 12
 MAX_VERSION = 10**_WIDTH - 1
 _FILE = re.compile(r"^(?:(?P<base>\d{12})-)?(?P<version>\d{12})\.ckpt$")
 _SHA = re.compile(r"^[0-9a-f]{64}$")
+
+
+def folded_id(run_id: str) -> str:
+    """What a case-insensitive file system (macOS's and Windows' defaults, exFAT) compares a
+    folder name by: letters without case, Unicode in one normal form. Two run ids with the same
+    fold share one folder there, though S3 and Linux keep them apart."""
+    return unicodedata.normalize("NFD", run_id).casefold()
+
+
+def case_twins_hint(run_id: str, others: Iterable[str]) -> str:
+    """The sentence that says why run `run_id`'s folder holds another run's files, when an id
+    among `others` differs from it only in case or normal form; "" when none does."""
+    fold = folded_id(run_id)
+    twins = sorted({o for o in others if o != run_id and folded_id(o) == fold})
+    if not twins:
+        return ""
+    names = ", ".join(repr(t) for t in twins)
+    return (f" (run {run_id!r} and {names} differ only in case or Unicode form: a case-insensitive "
+            "file system, as macOS's and Windows' are by default, gives them one folder)")
 
 
 def run_prefix(run_id: str) -> str:

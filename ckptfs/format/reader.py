@@ -26,7 +26,7 @@ import msgspec
 
 from ckptfs.errors import BrokenChainError, CorruptFileError, MisplacedFileError, UnsupportedFormatError
 from ckptfs.format import codec
-from ckptfs.format.keys import RunFile, parse_artifact_key
+from ckptfs.format.keys import RunFile, case_twins_hint, parse_artifact_key
 from ckptfs.format.models import ArtifactRef
 
 logger = logging.getLogger(__name__)
@@ -174,7 +174,8 @@ def check_placed(rec: codec.Record, rf: RunFile, run_id: str) -> codec.Record:
             rf.kind != "log" and h.base != rf.base):
         raise MisplacedFileError(rf.key, f"header says {h.kind} of run {h.run_id!r} v{h.version} "
                                          f"(base {h.base}); the file name says {expected} of run "
-                                         f"{run_id!r} v{rf.version}")
+                                         f"{run_id!r} v{rf.version}"
+                                         + case_twins_hint(run_id, [str(h.run_id)]))
     if rf.kind == "snap" and h.base_hash != h.hash:
         raise BrokenChainError(rf.key, "snapshot base_hash differs from its own hash")
     return rec

@@ -64,7 +64,8 @@ class Copier:
         self.absent = absent  # artifact keys this pass's listing of dst did not show
         self._lock = threading.Lock()
 
-    def _same(self, key: str, data: bytes) -> bool:
+    def same(self, key: str, data: bytes) -> bool:
+        """Whether the destination holds exactly `data` at `key` (False when it holds nothing)."""
         try:
             return hashlib.sha256(self.dst.get(key)).digest() == hashlib.sha256(data).digest()
         except FileNotFoundError:
@@ -80,7 +81,7 @@ class Copier:
     def blob(self, key: str, data: bytes, present: bool) -> bool:
         """Copy one checkpoint file; True if uploaded, False if it was already there."""
         if present:
-            if self._same(key, data):
+            if self.same(key, data):
                 self.progress.done(key, len(data), True)
                 return False
             if self.dst.exists(key):
@@ -88,7 +89,7 @@ class Copier:
         try:
             etag = self.dst.put_if_absent(key, data)
         except FileExistsError:
-            if self._same(key, data):  # a retried PUT that had landed, or a racing pass
+            if self.same(key, data):  # a retried PUT that had landed, or a racing pass
                 self.progress.done(key, len(data), True)
                 return False
             raise CopyConflict(f"{key}: the destination holds a different file under this name") from None

@@ -46,6 +46,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -55,7 +56,7 @@ from ckptfs.errors import (
     CorruptFileError,
     StorageUnavailableError,
 )
-from ckptfs.format.keys import RunFile, namespace_plugin
+from ckptfs.format.keys import RunFile, case_twins_hint, folded_id, namespace_plugin
 from ckptfs.replication.copy import (
     DEFAULT_ATTEMPTS,
     DEFAULT_WORKERS,
@@ -96,6 +97,9 @@ class Mirror:
         self.known: set[str] = set()  # artifact keys verified at dst; trusted for TOUCH_AFTER
         self.known_since = time.monotonic()
         self.lg_sent: dict[str, bytes] = {}  # LangGraph file -> sha256 the mirror holds (across passes)
+        # this pass's runs whose ids differ only in case from another's: on a case-insensitive
+        # destination their folders are one, so the mirror's point must prove it is theirs
+        self.twins: frozenset[str] = frozenset()
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
@@ -116,8 +120,14 @@ class Mirror:
             self.known_since = t0
         before = retries_of(self.src, self.dst)
         report = MirrorReport(self.src.display_url, self.dst.display_url)
-        for rid in run_ids(self.src, run_id, skipped=report.runs):
-            report.runs.append(self._run(rid, every_n, latest, keep_last, progress))
+        ids = run_ids(self.src, run_id, skipped=report.runs)
+        folds = Counter(folded_id(rid) for rid in ids)
+        self.twins = frozenset(rid for rid in ids if folds[folded_id(rid)] > 1)
+        for rid in ids:
+            got = self._run(rid, every_n, latest, keep_last, progress)
+            if got.status == "conflict" and got.error is not None:
+                got.error += case_twins_hint(rid, ids)
+            report.runs.append(got)
         if run_id is None:
             lg = self._langgraph(progress)
             if lg is not None:
@@ -166,13 +176,12 @@ class Mirror:
         dst_chain = name_path(dst_files)
         previous = chain_end(dst_chain)
         res = RunResult(run_id, "mirrored", previous=previous, source_version=head)
-        if dst_chain and previous >= head:
+        if dst_chain and (previous >= head or run_id in self.twins):
+            # A twin's point is checked even when it is behind: on a case-insensitive disk the
+            # folder shows the other run's files, read as this run's point, and the run was
+            # "not-due", exit 0, on every pass, never mirrored.
             last = dst_chain[-1].key
-            if last in src_keys:
-                if self._same_bytes(last):
-                    res.status, res.version = "up-to-date", previous
-                    res.snapshot = dst_chain[0].version if dst_chain[0].kind == "snap" else None
-                    return res
+            if last in src_keys and not self._same_bytes(last):
                 # The mirror's newest point is another lineage of this run (a store restored
                 # from the mirror and continued, then mirrored here): it was reported not-due,
                 # exit 0, while a restore from the mirror would bring back the other store's run.
@@ -180,6 +189,10 @@ class Mirror:
                 res.error = (f"{last}: the mirror holds a different file under this name (another "
                              f"store's history of run {run_id!r}?); never overwritten")
                 res.missing = [res.error]
+                return res
+            if last in src_keys and previous >= head:
+                res.status, res.version = "up-to-date", previous
+                res.snapshot = dst_chain[0].version if dst_chain[0].kind == "snap" else None
                 return res
         if dst_chain and not latest and head - previous < every_n:
             res.status, res.version = "not-due", previous

@@ -20,7 +20,7 @@ from ckptfs.errors import (
     StorageUnavailableError,
     VersionNotFoundError,
 )
-from ckptfs.format.keys import RunFile, namespace_plugin, parse_run_key, run_prefix
+from ckptfs.format.keys import RunFile, case_twins_hint, namespace_plugin, parse_run_key, run_prefix
 from ckptfs.format.models import ArtifactRef
 from ckptfs.replication.copy import (
     DEFAULT_ATTEMPTS,
@@ -82,9 +82,12 @@ def restore(src_url: StorageLike, dst_url: StorageLike, run_id: str | None = Non
             report.runs.append(restore_langgraph(m, lg_keys, prog))
         for rid in ids:
             try:
-                report.runs.append(_restore_run_listed(m, rid, version, prog, staging_dir))
+                got = _restore_run_listed(m, rid, version, prog, staging_dir)
             except StorageUnavailableError as exc:
-                report.runs.append(RunResult(rid, "incomplete", error=str(exc), missing=[str(exc)]))
+                got = RunResult(rid, "incomplete", error=str(exc), missing=[str(exc)])
+            if got.status == "conflict" and got.error is not None:
+                got.error += case_twins_hint(rid, ids)
+            report.runs.append(got)
         report.seconds = time.monotonic() - t0
         report.retries = retries_of(m.src, m.dst)
         return report
@@ -278,6 +281,18 @@ def _restore_point(m: Mirror, run_id: str, files: list[RunFile], version: int | 
         known: set[str] = set()
         absent = note_present(m.dst, chain.refs, known)
         copier = Copier(m.dst, prog, known, absent)
+        # Files the destination already holds under the point's names must be these very bytes
+        # (a restore run again after an interruption), checked before anything is written: a
+        # clash found while copying left the records copied so far in the folder. On a
+        # case-insensitive disk that folder is another run's ('Papers' for 'papers'), whose
+        # next commit then collided with them.
+        clash = [f.key for f in chain.files
+                 if f.key in dst_keys and not copier.same(f.key, reader.raw[f.key])]
+        if clash:
+            res.status = "conflict"
+            res.error = (f"{m.dst.display_url} already holds {len(clash)} different file(s) under the "
+                         f"names of run {run_id!r} (e.g. {clash[0]}); restore into a fresh URL")
+            return res
         refs = list(chain.refs.values())
         prog.planned(len(refs) + len(chain.files),
                      sum(r.size for r in refs) + sum(len(reader.raw[f.key]) for f in chain.files))

@@ -1,0 +1,124 @@
+"""Run ids that differ only in case, on a disk that does not tell them apart (macOS's and
+Windows' defaults, exFAT): one folder holds both. S3 and Linux keep `papers` and `Papers`
+apart, so a bucket written by Linux workers can hold both, and a restore or mirror onto a
+laptop meets them.
+
+Linux has no case-insensitive file system here (ext4's casefold is not in this kernel), so a
+bind mount of `runs/papers` at `runs/Papers` makes the second spelling reach the first's folder,
+which is what such a disk does. The tests drive the real `ckptfs` executable and the library.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_cli_commands import cli, cli_json
+
+from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
+from ckptfs.errors import CheckpointCorruptError
+
+HINT = "differ only in case"
+
+
+def _write_run(root: Path, run_id: str, steps: int) -> None:
+    """A run at version `steps`: saved, then every step but the last completed."""
+    store = CheckpointStore(str(root))
+    run = AgentRun(run_id=run_id, goal=f"goal of {run_id}")
+    for i in range(steps):
+        run.add_step(Step(id=f"p{i}", title=f"paper {i}"))
+    store.save_run(run)
+    for i in range(steps - 1):
+        step = run.steps[f"p{i}"]
+        step.status, step.result = StepStatus.COMPLETED, f"{run_id} result {i}"
+        store.commit(run, [step])
+    store.close()
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.fixture
+def one_folder(tmp_path: Path) -> Iterator[Path]:
+    """A store root whose runs/Papers is runs/papers, as on a case-insensitive disk."""
+    root = tmp_path / "dst"
+    (root / "runs" / "papers").mkdir(parents=True)
+    (root / "runs" / "Papers").mkdir()
+    if subprocess.run(["mount", "--bind", str(root / "runs" / "papers"), str(root / "runs" / "Papers")],
+                      capture_output=True).returncode:
+        pytest.skip("no bind mount here (needs root and CAP_SYS_ADMIN)")
+    try:
+        yield root
+    finally:
+        subprocess.run(["umount", str(root / "runs" / "Papers")], check=True)
+
+
+def test_a_second_spelling_is_refused_naming_both_ids_and_never_merged(one_folder: Path) -> None:
+    """The loader compares each record's header with its file name, so `Papers` never loads
+    `papers`'s state, and a save of a new `Papers` is refused before it writes; the message
+    now says why the folder holds another run (it only named the two ids)."""
+    _write_run(one_folder, "papers", 3)
+    before = _files(one_folder)
+    store = CheckpointStore(str(one_folder))
+    with pytest.raises(CheckpointCorruptError, match=HINT):
+        store.load_run("Papers")
+    twin = AgentRun(run_id="Papers", goal="another run")
+    twin.add_step(Step(id="q", title="q"))
+    with pytest.raises(CheckpointCorruptError, match=HINT):
+        store.save_run(twin)
+    store.close()
+    assert _files(one_folder) == before
+    again = CheckpointStore(str(one_folder))
+    run = again.load_run("papers")
+    assert run is not None and run.goal == "goal of papers"
+    assert [s.result for s in run.steps.values()] == ["papers result 0", "papers result 1", None]
+    again.close()
+    code, out, err = cli("show", str(one_folder), "Papers")
+    assert code != 0 and HINT in out + err, (code, out, err)
+
+
+def test_restore_of_twins_publishes_one_and_writes_nothing_of_the_other(tmp_path: Path,
+                                                                        one_folder: Path) -> None:
+    """`Papers` (v3) is restored first; `papers` (v5) then met v1-v3 of `Papers` under its own
+    names. Its v4 and v5 were copied before the clash was found, into `Papers`'s folder, whose
+    next commit (v4) then collided with them: the run that restored cleanly could not resume.
+    Now the clash is found before anything is written, and the error says why."""
+    src = tmp_path / "src"
+    _write_run(src, "papers", 5)
+    _write_run(src, "Papers", 3)
+    code, report, err = cli_json("restore", f"file://{src}", str(one_folder))
+    assert code == 1, (report, err)
+    status = {r["run_id"]: r for r in report["runs"]}
+    assert status["Papers"]["status"] == "restored" and status["Papers"]["version"] == 3
+    assert status["papers"]["status"] == "conflict" and status["papers"]["copied"] == 0
+    assert HINT in status["papers"]["error"]
+    assert sorted(_files(one_folder / "runs" / "Papers")) == [f"log/{v:012d}.ckpt" for v in (1, 2, 3)]
+    store = CheckpointStore(str(one_folder))
+    run = store.load_run("Papers")
+    assert run is not None and run.goal == "goal of Papers"
+    step = run.steps["p2"]
+    step.status, step.result = StepStatus.COMPLETED, "resumed here"
+    assert store.commit(run, [step]) == 4  # resumes: nothing of the other run is in its way
+    store.close()
+    assert CheckpointStore(str(one_folder)).load_run("Papers").steps["p2"].result == "resumed here"
+
+
+def test_mirror_of_twins_says_conflict_on_every_pass_never_not_due(tmp_path: Path,
+                                                                  one_folder: Path) -> None:
+    """The mirror read `Papers`'s three files in the shared folder as `papers`'s point v3 and,
+    with `papers` at v5 and every_n above 2, said "not-due", exit 0, on every pass: a finished
+    run was never mirrored and nothing said so. A twin's point must now prove it is its own."""
+    src = tmp_path / "src"
+    _write_run(src, "papers", 5)
+    _write_run(src, "Papers", 3)
+    for _ in range(2):
+        code, report, err = cli_json("mirror", f"file://{src}", f"file://{one_folder}", "--every-n", "10")
+        assert code == 1, (report, err)
+        status = {r["run_id"]: r for r in report["runs"]}
+        assert status["Papers"]["status"] in ("mirrored", "up-to-date")
+        assert status["papers"]["status"] == "conflict", status["papers"]
+        assert HINT in status["papers"]["error"]
+    assert sorted(_files(one_folder / "runs" / "Papers")) == [f"log/{v:012d}.ckpt" for v in (1, 2, 3)]
