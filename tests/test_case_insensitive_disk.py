@@ -15,10 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from langgraph.checkpoint.base import empty_checkpoint
 from test_cli_commands import cli, cli_json
 
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
 from ckptfs.errors import CheckpointCorruptError
+from ckptfs.integrations.langgraph import CkptfsSaver
 
 HINT = "differ only in case"
 
@@ -122,3 +124,40 @@ def test_mirror_of_twins_says_conflict_on_every_pass_never_not_due(tmp_path: Pat
         assert status["papers"]["status"] == "conflict", status["papers"]
         assert HINT in status["papers"]["error"]
     assert sorted(_files(one_folder / "runs" / "Papers")) == [f"log/{v:012d}.ckpt" for v in (1, 2, 3)]
+
+
+def test_langgraph_threads_that_differ_only_in_case_keep_apart_in_one_log(tmp_path: Path) -> None:
+    """LangGraph thread ids are users' names as often as not. On such a disk `alice` and
+    `Alice` share `threads/Alice/_/.records`; its records are keyed by the whole key, so each
+    thread reads only its own checkpoints (SqliteSaver compares ids exactly; so must we)."""
+    def put(saver: CkptfsSaver, thread: str, text: str) -> None:
+        cp = empty_checkpoint()
+        cp["channel_values"] = {"messages": [text]}
+        cp["channel_versions"] = {"messages": 1}
+        saver.put({"configurable": {"thread_id": thread, "checkpoint_ns": ""}}, cp, {}, {"messages": 1})
+
+    def seen(saver: CkptfsSaver, thread: str) -> object:
+        got = saver.get_tuple({"configurable": {"thread_id": thread, "checkpoint_ns": ""}})
+        return None if got is None else got.checkpoint["channel_values"]
+
+    root = tmp_path / "lg"
+    first = CkptfsSaver(str(root))
+    put(first, "Alice", "Alice's secret")
+    first.close()
+    threads = root / "langgraph" / "threads"
+    (threads / "alice").mkdir()
+    if subprocess.run(["mount", "--bind", str(threads / "Alice"), str(threads / "alice")],
+                      capture_output=True).returncode:
+        pytest.skip("no bind mount here (needs root and CAP_SYS_ADMIN)")
+    try:
+        saver = CkptfsSaver(str(root))
+        assert seen(saver, "alice") is None
+        put(saver, "alice", "alice's own")
+        saver.close()
+        again = CkptfsSaver(str(root))
+        assert seen(again, "Alice") == {"messages": ["Alice's secret"]}
+        assert seen(again, "alice") == {"messages": ["alice's own"]}
+        again.close()
+    finally:
+        subprocess.run(["umount", str(threads / "alice")], check=True)
+    assert sorted(p.name for p in (threads / "Alice" / "_").iterdir()) == [".records"]
