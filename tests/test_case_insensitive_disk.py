@@ -20,7 +20,9 @@ from test_cli_commands import cli, cli_json
 
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
 from ckptfs.errors import CheckpointCorruptError
-from ckptfs.integrations.langgraph import CkptfsSaver
+from ckptfs.integrations.langgraph import CkptfsSaver, ThreadBusyError
+from ckptfs.storage.local import LocalStorage
+from ckptfs.storage.registry import open_storage
 
 HINT = "differ only in case"
 
@@ -161,3 +163,60 @@ def test_langgraph_threads_that_differ_only_in_case_keep_apart_in_one_log(tmp_pa
     finally:
         subprocess.run(["umount", str(threads / "alice")], check=True)
     assert sorted(p.name for p in (threads / "Alice" / "_").iterdir()) == [".records"]
+
+
+class _FoldedLeases(LocalStorage):
+    """A local disk whose `langgraph/leases/` folder does not tell case apart, as macOS's does:
+    every key there names the file of its lower-case spelling."""
+
+    @staticmethod
+    def _fold(key: str) -> str:
+        return key.lower() if key.startswith("langgraph/leases/") else key
+
+    def put(self, key: str, data: bytes) -> str:
+        return super().put(self._fold(key), data)
+
+    def put_if_absent(self, key: str, data: bytes) -> str:
+        return super().put_if_absent(self._fold(key), data)
+
+    def put_if_match(self, key: str, data: bytes, etag: str) -> str:
+        return super().put_if_match(self._fold(key), data, etag)
+
+    def get(self, key: str) -> bytes:
+        return super().get(self._fold(key))
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str]:
+        return super().get_with_etag(self._fold(key))
+
+    def delete(self, key: str) -> None:
+        super().delete(self._fold(key))
+
+    def exists(self, key: str) -> bool:
+        return super().exists(self._fold(key))
+
+
+def test_a_thread_whose_lease_file_is_a_case_twins_is_refused_saying_why(tmp_path: Path) -> None:
+    """`alice` and `Alice` share `leases/alice.lease` on such a disk, so while one is held the
+    other is refused, even in the same process: ThreadBusyError said "written by another
+    process", which sent users looking for a process that does not exist. It now says that
+    the file is the twin's, and why. Nothing of `Alice` is touched."""
+    storage = open_storage(f"file://{tmp_path / 'lg'}")
+    assert isinstance(storage, LocalStorage)
+    storage.__class__ = _FoldedLeases
+    saver = CkptfsSaver(storage=storage, lease_ttl=2.0)
+
+    def put(thread: str, text: str) -> None:
+        cp = empty_checkpoint()
+        cp["channel_values"] = {"messages": [text]}
+        cp["channel_versions"] = {"messages": 1}
+        saver.put({"configurable": {"thread_id": thread, "checkpoint_ns": ""}}, cp, {}, {"messages": 1})
+
+    put("Alice", "Alice's secret")
+    with pytest.raises(ThreadBusyError, match=HINT) as caught:
+        put("alice", "alice's own")
+    assert "'Alice'" in str(caught.value)
+    put("Alice", "Alice goes on")
+    got = saver.get_tuple({"configurable": {"thread_id": "Alice", "checkpoint_ns": ""}})
+    assert got is not None and got.checkpoint["channel_values"] == {"messages": ["Alice goes on"]}
+    assert saver.get_tuple({"configurable": {"thread_id": "alice", "checkpoint_ns": ""}}) is None
+    saver.close()

@@ -53,6 +53,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ckptfs.errors import CkptfsError, ConfigError
+from ckptfs.format.keys import folded_id
 from ckptfs.integrations.langgraph.keys import lg_hashed, lg_lease_key, lg_thread_segment
 from ckptfs.storage.base import PreconditionFailed, Storage
 
@@ -150,6 +151,17 @@ def recorded_id(thread_id: str) -> str:
 def names(rec: ThreadLeaseRecord, thread_id: str) -> bool:
     """Whether a record is of this thread, not one copied under another's name."""
     return rec.thread_id == thread_id or rec.thread_id == recorded_id(thread_id)
+
+
+def twin_hint(recorded: str, thread_id: str) -> str:
+    """Why a thread's lease file holds `recorded`'s record, when the two ids differ only in
+    case: on a case-insensitive disk (macOS's and Windows' defaults) they share one file, so
+    one process at a time writes either ("" otherwise)."""
+    if recorded == thread_id or folded_id(recorded) != folded_id(thread_id):
+        return ""
+    return (f" (the lease file holds thread {shown(recorded)}'s record: thread ids that differ only "
+            "in case share one lease file on a case-insensitive disk, as macOS's and Windows' are by "
+            "default, so only one of them can be written at a time)")
 
 
 def parse_record(key: str, data: bytes) -> ThreadLeaseRecord | None:
@@ -380,6 +392,7 @@ class ThreadLeases:
         give_up = self.clock() + max(0.0, wait)
         seen: tuple[str, float] | None = None  # (what identifies the record seen, when first seen)
         alive = False
+        twin = ""  # why the lease file holds another thread's record, when its id says why
         while True:
             rec, data = self._record(thread_id, (known or 0) + 1)
             sent = self.clock()
@@ -397,6 +410,7 @@ class ThreadLeases:
                 continue  # released and deleted by hand meanwhile: create it again
             old = parse_record(key, current)
             if old is not None and not names(old, thread_id):
+                twin = twin_hint(old.thread_id, thread_id) or twin
                 old = None  # a record copied under another name is nobody's lease of this thread
             now = self.clock()
             # the etag and the nonce: a local disk's etag comes from stat fields, which coarse
@@ -424,7 +438,7 @@ class ThreadLeases:
                     raise ThreadBusyError(thread_id, old.holder if old is not None else None,
                                           f"its lease (generation {old.generation if old else '?'}) was "
                                           f"renewed while this process waited{waited}; retry later, or "
-                                          "give the saver busy_timeout= to wait for the thread")
+                                          "give the saver busy_timeout= to wait for the thread" + twin)
                 self.sleep(self.poll)
                 continue
             rec, data = self._record(thread_id, generation)
