@@ -172,11 +172,13 @@ def _source(url: str | None, fallback: str | None, origin: str, opts: dict[str, 
     return Target(fallback, opts, origin, settings)
 
 
-def _named_runs(source: Target, runs: list[str] | None) -> list[str] | None:
+def _named_runs(source: Target, runs: list[str] | None) -> dict[str, set[str]] | None:
     """Check SRC holds something, and every run `--run` names: a run it does not hold is bad
     input (exit 2), refused before anything is copied. A mirror pass reports such a run as
     `empty` and succeeds, so a typo in a scheduled mirror would mirror nothing, forever. A
-    whole store (no --run) that holds no run is fine: there is nothing to mirror yet."""
+    whole store (no --run) that holds no run is fine: there is nothing to mirror yet.
+    Returns each named run's listing, for a pass right away to plan from (`mirror(listings=)`:
+    a second LIST of the run is a round trip on S3)."""
     from ckptfs.format.models import validate_id
     from ckptfs.replication.plan import run_files
 
@@ -185,12 +187,13 @@ def _named_runs(source: Target, runs: list[str] | None) -> list[str] | None:
         if runs is None:
             return None
         ids = list(dict.fromkeys(validate_id(r, "run id") for r in runs))
-        unknown = [r for r in ids if not run_files(storage, r)[0]]
+        listed = {r: run_files(storage, r) for r in ids}
+        unknown = [r for r in ids if not listed[r][0]]
         if unknown:  # named with what stands where its folders belong, if anything does
             raise run_not_found(unknown, source.describe(), storage)
     finally:
         storage.close()
-    return ids
+    return {r: keys for r, (_, keys) in listed.items()}
 
 
 def _cmd_mirror(args: argparse.Namespace) -> int:
@@ -225,7 +228,8 @@ def _cmd_mirror(args: argparse.Namespace) -> int:
             interval = m.interval_seconds
         elif m.cron:
             cron = m.cron
-    runs = _named_runs(source, args.run)
+    listings = _named_runs(source, args.run)
+    runs = None if listings is None else list(listings)
     src = source.url
     if interval is None and cron is None:
         from ckptfs.replication.mirror import mirror
@@ -233,8 +237,9 @@ def _cmd_mirror(args: argparse.Namespace) -> int:
         with _bars(not args.no_progress) as bars:
             report = mirror(src, dst, every_n=every_n, run_id=runs, src_options=src_opts,
                             dst_options=dst_opts, latest=latest, keep_last=keep_last,
-                            workers=workers, attempts=attempts, progress=bars)
+                            workers=workers, attempts=attempts, progress=bars, listings=listings)
         return _finish(report, args.json)
+    # a scheduled pass lists afresh: the check's listing is stale by its first tick
     return _scheduled(args, src, dst, src_opts, dst_opts, every_n, keep_last, latest, workers,
                       attempts, interval, cron, m.misfire_grace_time, runs)
 
@@ -286,7 +291,7 @@ def _scheduled(args: argparse.Namespace, src: str, dst: str, src_opts: dict[str,
     return EXIT_OK if last_ok[0] else EXIT_PROBLEMS
 
 
-def _check_restorable(source: Target, run: str | None, version: int | None) -> None:
+def _check_restorable(source: Target, run: str | None, version: int | None) -> dict[str, set[str]]:
     """Check the mirror holds something, the run `--run` names and a file at `--version`:
     asking for what the mirror does not have is bad input (exit 2, naming the versions a
     restore can target, as `ckptfs versions` lists them), refused before DST is touched. A
@@ -294,7 +299,8 @@ def _check_restorable(source: Target, run: str | None, version: int | None) -> N
     does one the mirror may hold behind a run folder that is no directory (a symlink or a
     file: `format.keys.blocked_run_dirs`): the restore names the folder; "no version 16" was
     wrong when v16 sat in a linked `log/`. A run with nothing but such folders is named with
-    what stands there. The run is listed once (a second LIST is a round trip on S3)."""
+    what stands there. The run is listed once (a second LIST is a round trip on S3): the
+    listing is returned, run id -> keys, for the restore to plan from (`restore(listings=)`)."""
     from ckptfs.cli._render import version_list
     from ckptfs.format.keys import blocked_run_dirs
     from ckptfs.format.models import validate_id
@@ -304,7 +310,7 @@ def _check_restorable(source: Target, run: str | None, version: int | None) -> N
     storage = open_existing(source)
     try:
         if run is None:
-            return
+            return {}
         validate_id(run, "run id")
         files, keys = run_files(storage, run)
         if not files:
@@ -316,6 +322,7 @@ def _check_restorable(source: Target, run: str | None, version: int | None) -> N
                            f"can target {len(points)}: {version_list(points)}", kind="not-found")
     finally:
         storage.close()
+    return {run: keys}
 
 
 def _cmd_restore(args: argparse.Namespace) -> int:
@@ -333,14 +340,15 @@ def _cmd_restore(args: argparse.Namespace) -> int:
     refuse_process_memory(dst, Target(dst, dst_opts, dst_origin, settings).describe(), "restore")
     if args.version is not None and not args.run:
         raise CliError("--version needs --run: versions are per run")
-    _check_restorable(source, args.run, args.version)
+    listings = _check_restorable(source, args.run, args.version)
     from ckptfs.replication.restore import restore
 
     with _bars(not args.no_progress) as bars:
         report = restore(source.url, dst, run_id=args.run, version=args.version,
                          src_options=src_opts, dst_options=dst_opts,
                          workers=args.workers or settings.mirror.workers,
-                         attempts=args.attempts or settings.mirror.attempts, progress=bars)
+                         attempts=args.attempts or settings.mirror.attempts, progress=bars,
+                         listings=listings)
     return _finish(report, args.json)
 
 

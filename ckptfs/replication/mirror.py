@@ -112,7 +112,10 @@ class Mirror:
         self.dst.check_writable()
 
     def pass_(self, run_id: str | Iterable[str] | None, every_n: int, latest: bool,
-              keep_last: int | None, progress: Progress) -> MirrorReport:
+              keep_last: int | None, progress: Progress,
+              listings: Mapping[str, Iterable[str]] | None = None) -> MirrorReport:
+        """One pass; `listings`: run id -> that run's keys at the source, for runs the caller
+        has just listed (`mirror`'s docstring)."""
         t0 = time.monotonic()
         if t0 - self.known_since > TOUCH_AFTER:
             # a `ckptfs prune` of the mirror may have collected artifacts since: look again
@@ -124,7 +127,7 @@ class Mirror:
         folds = Counter(folded_id(rid) for rid in ids)
         self.twins = frozenset(rid for rid in ids if folds[folded_id(rid)] > 1)
         for rid in ids:
-            got = self._run(rid, every_n, latest, keep_last, progress)
+            got = self._run(rid, every_n, latest, keep_last, progress, (listings or {}).get(rid))
             if got.status == "conflict" and got.error is not None:
                 got.error += case_twins_hint(rid, ids)
             report.runs.append(got)
@@ -137,12 +140,13 @@ class Mirror:
         return report
 
     def _run(self, run_id: str, every_n: int, latest: bool, keep_last: int | None,
-             progress: Progress) -> RunResult:
+             progress: Progress, keys: Iterable[str] | None = None) -> RunResult:
         for attempt in range(3):
             try:
-                return self._run_once(run_id, every_n, latest, keep_last, progress)
+                return self._run_once(run_id, every_n, latest, keep_last, progress, keys)
             except FileNotFoundError as exc:
                 # The source's retention removed a file under us: plan again from a fresh list.
+                keys = None
                 if attempt == 2:
                     return RunResult(run_id, "incomplete", error=f"source kept changing: {exc}",
                                      missing=[str(exc)])
@@ -152,14 +156,14 @@ class Mirror:
         raise AssertionError("unreachable")
 
     def _run_once(self, run_id: str, every_n: int, latest: bool, keep_last: int | None,
-                  progress: Progress) -> RunResult:
+                  progress: Progress, keys: Iterable[str] | None = None) -> RunResult:
         """The run's newest restore point, copied when due. A folder of the run that is no
         directory at the source (a symlink, never followed, or a file) makes it incomplete
         whatever was copied: the versions there are on no mirror, and a pass that said
         "mirrored 15" while the source held 17 left a replica short of them in silence. What
         the source can load is still copied (a consistent, older point); the mirror's own
         retention waits until the run is whole."""
-        src_files, src_keys = run_files(self.src, run_id)
+        src_files, src_keys = run_files(self.src, run_id, keys)
         unread = unread_folders(src_keys)
         res = self._point(run_id, src_files, src_keys, every_n, latest,
                           None if unread else keep_last, progress)
@@ -331,7 +335,8 @@ def mirror(src_url: StorageLike, dst_url: StorageLike, every_n: int = 1,
            dst_options: Mapping[str, Any] | None = None,
            latest: bool = False, keep_last: int | None = None, *, workers: int = DEFAULT_WORKERS,
            attempts: int = DEFAULT_ATTEMPTS, base_delay: float = 0.2,
-           progress: Progress | None = None) -> MirrorReport:
+           progress: Progress | None = None,
+           listings: Mapping[str, Iterable[str]] | None = None) -> MirrorReport:
     """Copy each run's newest restore point from `src_url` to `dst_url` when it is due.
 
     A run is due once it advanced `every_n` versions past the mirror's newest point, or at
@@ -340,6 +345,10 @@ def mirror(src_url: StorageLike, dst_url: StorageLike, every_n: int = 1,
     applies retention on the destination (newest N snapshots and what they need). Raises
     StorageUnavailableError if either end cannot be reached at the start; failures later
     leave the run `incomplete` in the report (nothing torn is visible), and a rerun resumes.
+
+    `listings`: run id -> the keys listed under that run at the source, when the caller has
+    just listed it (`ckptfs mirror --run R` checks R exists first; on S3 each listing is a
+    round trip). A run planned again because a file vanished is listed afresh.
     """
     if every_n < 1:
         raise ConfigError(f"every_n must be >= 1, got {every_n}")
@@ -350,7 +359,7 @@ def mirror(src_url: StorageLike, dst_url: StorageLike, every_n: int = 1,
     try:
         m.check()
         with gc_paused():  # decoded bodies stay alive for the pass: collections would only churn
-            return m.pass_(run_id, every_n, latest, keep_last, progress or NoProgress())
+            return m.pass_(run_id, every_n, latest, keep_last, progress or NoProgress(), listings)
     finally:
         m.close()
 

@@ -51,10 +51,12 @@ class RestorePoint:
         return self.path.files
 
 
-def run_files(storage: Storage, run_id: str) -> tuple[list[RunFile], set[str]]:
-    """A run's files (by the one key parser) and every key listed under it."""
-    keys = storage.list(run_prefix(run_id))
-    return [rf for k in keys if (rf := parse_run_key(k)) is not None], set(keys)
+def run_files(storage: Storage, run_id: str,
+              keys: Iterable[str] | None = None) -> tuple[list[RunFile], set[str]]:
+    """A run's files (by the one key parser) and every key listed under it, from `keys` when
+    the caller has listed the run already (on S3 each listing is a round trip)."""
+    listed = storage.list(run_prefix(run_id)) if keys is None else list(keys)
+    return [rf for k in listed if (rf := parse_run_key(k)) is not None], set(listed)
 
 
 def name_path(files: list[RunFile]) -> list[RunFile] | None:

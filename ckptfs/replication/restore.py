@@ -55,7 +55,8 @@ def restore(src_url: StorageLike, dst_url: StorageLike, run_id: str | None = Non
             version: int | None = None, src_options: Mapping[str, Any] | None = None,
             dst_options: Mapping[str, Any] | None = None, *, workers: int = DEFAULT_WORKERS,
             attempts: int = DEFAULT_ATTEMPTS, base_delay: float = 0.2,
-            progress: Progress | None = None, staging_dir: str | None = None) -> RestoreReport:
+            progress: Progress | None = None, staging_dir: str | None = None,
+            listings: Mapping[str, Iterable[str]] | None = None) -> RestoreReport:
     """Copy runs (or one run, at its newest point or at `version`) from a mirror into `dst_url`.
 
     Each run is staged in a local temporary directory, verified there by a full load
@@ -64,6 +65,10 @@ def restore(src_url: StorageLike, dst_url: StorageLike, run_id: str | None = Non
     `CheckpointStore(dst_url).load_run(run_id)` returns that state and an agent can resume.
     The destination must not hold other files of the run (restore into a fresh URL); a
     restore that was interrupted may simply be run again.
+
+    `listings`: run id -> the keys listed under that run in the mirror, when the caller has
+    just listed it (`ckptfs restore --run R` checks R and `--version` first; on S3 each
+    listing is a round trip). A run planned again because a file vanished is listed afresh.
     """
     if version is not None and run_id is None:
         raise ConfigError("--version needs --run: versions are per run")
@@ -82,7 +87,7 @@ def restore(src_url: StorageLike, dst_url: StorageLike, run_id: str | None = Non
             report.runs.append(restore_langgraph(m, lg_keys, prog))
         for rid in ids:
             try:
-                got = _restore_run_listed(m, rid, version, prog, staging_dir)
+                got = _restore_run_listed(m, rid, version, prog, staging_dir, (listings or {}).get(rid))
             except StorageUnavailableError as exc:
                 got = RunResult(rid, "incomplete", error=str(exc), missing=[str(exc)])
             if got.status == "conflict" and got.error is not None:
@@ -96,7 +101,7 @@ def restore(src_url: StorageLike, dst_url: StorageLike, run_id: str | None = Non
 
 
 def _restore_run_listed(m: Mirror, run_id: str, version: int | None, prog: Progress,
-                        staging_dir: str | None) -> RunResult:
+                        staging_dir: str | None, keys: Iterable[str] | None = None) -> RunResult:
     """restore_run, planned again from a fresh listing when a file of the mirror vanished
     between its listing and its read (the mirror job's retention, a prune of the mirror): that
     happens before anything is published. It escaped as FileNotFoundError, `ckptfs restore`
@@ -104,8 +109,9 @@ def _restore_run_listed(m: Mirror, run_id: str, version: int | None, prog: Progr
     for attempt in range(3):
         try:
             with gc_paused():
-                return restore_run(m, run_id, version, prog, staging_dir)
+                return restore_run(m, run_id, version, prog, staging_dir, keys)
         except FileNotFoundError as exc:
+            keys = None  # plan again from a fresh listing
             if attempt == 2:
                 return RunResult(run_id, "incomplete", error=f"the mirror kept changing: {exc}",
                                  missing=[f"{exc}: vanished from the mirror while it was read"])
@@ -190,7 +196,7 @@ def restore_points(src_url: StorageLike, run_id: str,
 
 
 def restore_run(m: Mirror, run_id: str, version: int | None, prog: Progress,
-                 staging_dir: str | None) -> RunResult:
+                 staging_dir: str | None, keys: Iterable[str] | None = None) -> RunResult:
     """One run's point, staged, verified and published. A folder of the run that is no
     directory in the mirror (a symlink, never followed, or a file) hides versions no read
     reaches: the newest point of the regular files (v15 from `snap/` while a linked `log/` held
@@ -199,8 +205,8 @@ def restore_run(m: Mirror, run_id: str, version: int | None, prog: Progress,
     `incomplete` (exit 1) and the folder named; unlike a mirror, a restored store is nobody's
     earlier state, so nothing of it is published. A `--version` asked for is another matter:
     that point is whole when it loads from the regular files, and is restored, with a note."""
-    files, keys = run_files(m.src, run_id)
-    unread = unread_folders(keys)
+    files, listed = run_files(m.src, run_id, keys)
+    unread = unread_folders(listed)
     if unread and version is None:
         hint = " (`--version` restores one of the points `ckptfs versions` lists)" if name_path(files) else ""
         reasons = [f"{why}, so the run is not restored{hint}" for why in unread]
