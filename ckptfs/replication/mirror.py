@@ -72,7 +72,7 @@ from ckptfs.replication.copy import (
 )
 from ckptfs.replication.plan import RunReader, chain_end, name_path, plan, run_files
 from ckptfs.replication.report import LANGGRAPH_ENTRY, MirrorReport, NoProgress, Progress, RunResult
-from ckptfs.storage.base import TEMP_MARKER
+from ckptfs.storage.base import TEMP_MARKER, Storage
 from ckptfs.storage.registry import list_keys
 from ckptfs.store.artifacts import TOUCH_AFTER
 from ckptfs.store.checkpoint_store import CheckpointStore
@@ -93,6 +93,9 @@ class Mirror:
             raise ConfigError("workers must be >= 1")
         self.src = as_storage(src, src_options, attempts, base_delay)
         self.dst = as_storage(dst, dst_options, attempts, base_delay)
+        # the storages opened here from URLs, closed with the mirror (a caller's are its own)
+        self._opened = [st for st, given in ((self.src, src), (self.dst, dst))
+                        if not isinstance(given, Storage)]
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptfs-mirror")
         self.known: set[str] = set()  # artifact keys verified at dst; trusted for TOUCH_AFTER
         self.known_since = time.monotonic()
@@ -103,6 +106,8 @@ class Mirror:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
+        for st in self._opened:
+            st.close()
 
     def check(self) -> None:
         """Both ends reachable and DST writable as far as that is known without writing: a

@@ -186,7 +186,12 @@ def restore_points(src_url: StorageLike, run_id: str,
     itself, as `versions` does), a warning says what was not read.
     """
     if keys is None:
-        keys = as_storage(src_url, src_options, 1, 0.0).list(run_prefix(run_id))
+        st = as_storage(src_url, src_options, 1, 0.0)
+        try:
+            keys = st.list(run_prefix(run_id))
+        finally:
+            if not isinstance(src_url, Storage):  # opened here: closed here, as Mirror does
+                st.close()
         for why in unread_folders(keys):
             logger.warning("run %s: %s, so no restore point among them is listed", run_id, why)
     chain = name_path([rf for k in keys if (rf := parse_run_key(k)) is not None])
