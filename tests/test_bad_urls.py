@@ -212,3 +212,30 @@ def test_a_refused_url_never_echoes_its_credentials(tmp_path: Path, url: str, sa
     assert not [p for p in (KEY_ID, SECRET, "Under+Score", "Secret@x") if p in out], out
     assert "***@h/p" in out and "Traceback" not in out, out
     assert list(tmp_path.iterdir()) == [], "nothing is written for a refused URL"
+
+
+@pytest.mark.parametrize(("url", "line"), [
+    ("s3://Bad_Bucket/p?token=QUERYSECRET", "s3://Bad_Bucket/p?***: 'Bad_Bucket' is not a valid S3 bucket"),
+    ("memory://?name=QUERYSECRET", "memory://?***: memory:// needs a name"),
+    ("gs://b/p?QUERYSECRET", "gs://b/p?***: gs:// needs an extra package"),
+])
+@pytest.mark.parametrize("command", [["runs"], ["verify"], ["runs", "--json"]])
+def test_a_refused_url_with_a_query_keeps_the_colon_after_it(tmp_path: Path, url: str, line: str,
+                                                             command: list[str]) -> None:
+    """The scrubber read the ':' ending the URL as part of its query and hid it with the query:
+    `error: s3://Bad_Bucket/p?*** 'Bad_Bucket' is not ...`. The query stays hidden; the
+    punctuation after it is the sentence's."""
+    proc = _run_cli(tmp_path, [command[0], url, *command[1:]])
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and line in out, (proc.returncode, out[-500:])
+    assert "QUERYSECRET" not in out, out
+
+
+def test_the_scrubber_keeps_the_punctuation_a_url_ends_in() -> None:
+    from ckptfs.cli._logging import Scrubber
+
+    scrub = Scrubber().scrub
+    assert scrub("see (s3://b/p?sig=QUERYSECRET), then s3://b/q?x=QUERYSECRET; done") == \
+        "see (s3://b/p?***), then s3://b/q?***; done"
+    assert scrub("s3://b/p?x=QUERYSECRET:tail is hidden whole") == "s3://b/p?*** is hidden whole"
+    assert scrub("s3://b/p: no query, unchanged") == "s3://b/p: no query, unchanged"

@@ -43,6 +43,9 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 # it, the one rule for credentials in a URL: user:secret@ whatever the secret holds ('/', '@'),
 # a bare user (a token, a key id), an empty user (":secret@"), and the query string.
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]+")
+# the punctuation of the sentence a URL ends in ("s3://b/p?***: not a valid bucket name"): the
+# token above takes it in, and redact_url hid it with the query ("s3://b/p?***", the ':' gone)
+_URL_END = re.compile(r"[:;,.!)\]}]+$")
 # user:secret@ whose secret holds a quote, a space or a bracket, where the URL token above ends
 # early: a ':' before any '/' after "://" and an '@' later on the line hide all up to the last '@'
 _USERINFO = re.compile(r"(://)[^/\n:@]*:[^\n]*@")
@@ -119,7 +122,16 @@ class Scrubber:
             text = pattern.sub(repl, text)
         text = _USERINFO.sub(r"\1***@", text)
         text = _BEFORE_SCHEME.sub("***@", redact_mangled(text))
-        return _URL.sub(lambda m: redact_url(m.group(0)), text)
+        return _URL.sub(_redact_url_token, text)
+
+
+def _redact_url_token(m: re.Match[str]) -> str:
+    """A URL found in a line, redacted, with the punctuation after it kept as it was."""
+    url = m.group(0)
+    end = _URL_END.search(url)
+    if end is None:
+        return redact_url(url)
+    return redact_url(url[: end.start()]) + end.group(0)
 
 
 SCRUBBER = Scrubber()
