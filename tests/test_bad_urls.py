@@ -215,15 +215,16 @@ def test_a_refused_url_never_echoes_its_credentials(tmp_path: Path, url: str, sa
 
 
 @pytest.mark.parametrize(("url", "line"), [
-    ("s3://Bad_Bucket/p?token=QUERYSECRET", "s3://Bad_Bucket/p?***: 'Bad_Bucket' is not a valid S3 bucket"),
-    ("memory://?name=QUERYSECRET", "memory://?***: memory:// needs a name"),
+    ("s3://ckptfs-test/p?token=QUERYSECRET", "s3://ckptfs-test/p?***: no query ('?') or fragment"),
+    ("memory://n?name=QUERYSECRET", "memory://n?***: no query ('?') or fragment"),
     ("gs://b/p?QUERYSECRET", "gs://b/p?***: gs:// needs an extra package"),
 ])
 @pytest.mark.parametrize("command", [["runs"], ["verify"], ["runs", "--json"]])
 def test_a_refused_url_with_a_query_keeps_the_colon_after_it(tmp_path: Path, url: str, line: str,
                                                              command: list[str]) -> None:
     """The scrubber read the ':' ending the URL as part of its query and hid it with the query:
-    `error: s3://Bad_Bucket/p?*** 'Bad_Bucket' is not ...`. The query stays hidden; the
+    `error: s3://Bad_Bucket/p?*** 'Bad_Bucket' is not a valid S3 bucket name` (and since
+    `error: s3://b/p?*** no query ...`, a query being refused). The query stays hidden; the
     punctuation after it is the sentence's."""
     proc = _run_cli(tmp_path, [command[0], url, *command[1:]])
     out = proc.stdout + proc.stderr
@@ -239,3 +240,48 @@ def test_the_scrubber_keeps_the_punctuation_a_url_ends_in() -> None:
         "see (s3://b/p?***), then s3://b/q?***; done"
     assert scrub("s3://b/p?x=QUERYSECRET:tail is hidden whole") == "s3://b/p?*** is hidden whole"
     assert scrub("s3://b/p: no query, unchanged") == "s3://b/p: no query, unchanged"
+
+
+@pytest.mark.parametrize("url", ["file://{d}/m?copy=2", "local://{d}/m#old", "FILE://{d}/m?", "file://{d}/m#",
+                                 "local://localhost{d}/m?x", "s3://ckptfs-test/p?region=eu", "s3a://b/p#x",
+                                 "memory://n?x"])
+@pytest.mark.parametrize("command", [["runs", "{url}"],
+                                     ["mirror", "{src}", "{url}", "--once", "--no-progress"],
+                                     ["restore", "{src}", "{url}", "--no-progress"]])
+def test_a_query_or_fragment_in_a_store_url_is_refused_not_dropped(tmp_path: Path, url: str,
+                                                                   command: list[str]) -> None:
+    """urlsplit took `?copy=2` and `#old` for a query and a fragment, and the store opened
+    without them: `mirror SRC file:///d/m?copy=2` wrote into /d/m, exit 0, a directory the
+    user did not name (s3:// and memory:// the same). Refused: exit 2, one line naming it,
+    nothing written."""
+    src = tmp_path / "src"
+    _agent_store(src)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    given = url.format(d=tmp_path)
+    argv = [a.format(url=given, src=src) for a in command]
+    proc = _run_cli(tmp_path, argv)
+    assert proc.returncode == 2, (argv, proc.returncode, proc.stderr[-500:])
+    lines = proc.stderr.strip().splitlines()
+    says = "is this process's memory" if given.startswith("memory") and command[0] != "runs" else \
+        "no query ('?') or fragment ('#')"  # a memory:// destination is refused as that first
+    assert len(lines) == 1 and says in lines[0], proc.stderr
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_a_plain_path_keeps_its_question_mark_and_hash(tmp_path: Path) -> None:
+    """The way to a directory whose name holds '?' or '#': the plain path, taken as it is, by the
+    library and the CLI alike; the library refuses the URL spellings as the CLI does."""
+    from ckptfs import AgentRun, CheckpointStore, Step
+    from ckptfs.errors import ConfigError
+
+    run = AgentRun(run_id="r", goal="g")
+    run.add_step(Step(id="a", title="a"))
+    odd = tmp_path / "m?copy=2#old"
+    with CheckpointStore(str(odd)) as store:
+        store.save_run(run)
+    assert (odd / "runs" / "r").is_dir() and sorted(p.name for p in tmp_path.iterdir()) == [odd.name]
+    proc = _run_cli(tmp_path, ["runs", str(odd), "--json"])
+    assert proc.returncode == 0 and [r["run_id"] for r in json.loads(proc.stdout)["runs"]] == ["r"], \
+        proc.stderr[-500:]
+    with pytest.raises(ConfigError, match=r"no query \('\?'\) or fragment"):
+        CheckpointStore(f"file://{odd}")

@@ -26,6 +26,7 @@ _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*")
 # reads no scheme in such a URL, so it is refused by name here, never served.
 _UNDERSCORED = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*_[A-Za-z0-9+.\-_]*")
 _FORMS = "a path, file:///path, s3://bucket/prefix or memory://name"
+_BUILT_HERE = ("file", "local", "s3", "s3a", "memory")  # the schemes served from urlsplit's parts
 
 
 def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> Storage:
@@ -50,6 +51,16 @@ def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> 
         raise ConfigError(f"{shown}: {why}; give {_FORMS}")
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
+    if scheme in _BUILT_HERE and ("?" in url or "#" in url):
+        # urlsplit puts them in a query and a fragment the backends below never see: the store
+        # opened where the URL without them points (file:///d/store?x wrote into /d/store).
+        # fsspec's own file system keeps them in the path instead; neither is what is named,
+        # so neither is guessed: a plain path takes '?' and '#' as part of a name.
+        hint = {"file": "a plain path takes '?' and '#' as part of a name",
+                "memory": "name the store without them"}.get(
+            "file" if scheme == "local" else scheme, "storage options go in -o KEY=VALUE, not the URL")
+        raise ConfigError(f"{shown}: no query ('?') or fragment ('#') in {scheme}:// URLs: it would "
+                          f"be dropped and the store opened at another place; {hint}")
     if scheme in ("file", "local"):  # local:// is fsspec's other name for file://: the same disk
         if parts.netloc not in ("", "localhost"):
             raise ConfigError(f"{shown}: {scheme}:// URLs take no host; use {scheme}:///absolute/path")
