@@ -34,8 +34,10 @@ from ckptfs import (
 from ckptfs.store.leases import LeaseManager
 
 CLI = str(Path(sys.executable).parent / "ckptfs")
-# commands run where no config/ckptfs.toml is (the repository's would schedule `mirror` every 5m)
-QUIET_CWD = Path(tempfile.mkdtemp(prefix="ckptfs-cli-cwd-"))
+# commands run where no config/ckptfs.toml is (the repository's would schedule `mirror` every 5m);
+# removed when the process exits (a mkdtemp here left one in /tmp per xdist worker per run)
+_QUIET = tempfile.TemporaryDirectory(prefix="ckptfs-cli-cwd-", ignore_cleanup_errors=True)
+QUIET_CWD = Path(_QUIET.name)
 RUN = "papers"
 BIG = "x" * 5000  # over the artifact threshold below: stored as an artifact
 
