@@ -69,8 +69,13 @@ def _bill(calls: Path) -> list[tuple[int, str]]:
 
 
 def main(papers: int = 60, latency: float = 0.05, workers: int = 3) -> int:
-    tmp = Path(tempfile.mkdtemp(prefix="ckptfs-workers-"))
-    calls = tmp / "calls.txt"
+    # the bill of real calls lives beside the run only while the demo does (the run itself is
+    # in the embedded S3 server, gone at exit too): nothing is left in the temp directory
+    with tempfile.TemporaryDirectory(prefix="ckptfs-workers-", ignore_cleanup_errors=True) as tmp:
+        return _demo(Path(tmp) / "calls.txt", papers, latency, workers)
+
+
+def _demo(calls: Path, papers: int, latency: float, workers: int) -> int:
     with EmbeddedS3(bucket="ckptfs-demo") as s3:
         url, options = s3.url("shared"), s3.storage_options
         run = AgentRun(run_id=RUN_ID, goal=f"Extract key findings from {papers} papers, many hands")

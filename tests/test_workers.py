@@ -329,10 +329,14 @@ def test_the_claim_rides_on_the_first_durable_write_unless_attempts_must_be_dura
     store.close()
 
 
-def test_the_workers_example_holds_its_claims() -> None:
-    """examples/workers.py: three worker processes on the embedded S3 server, one SIGKILLed."""
+def test_the_workers_example_holds_its_claims(tmp_path: Path) -> None:
+    """examples/workers.py: three worker processes on the embedded S3 server, one SIGKILLed.
+    It left its ckptfs-workers-* directory (the bill of calls) in /tmp on every run."""
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
     proc = subprocess.run([sys.executable, str(Path(ROOT) / "examples" / "workers.py"), "--papers", "30",
-                           "--latency", "0.1"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+                           "--latency", "0.1"], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert list(tmp_path.glob("ckptfs-workers-*")) == []
     assert "[FAILED]" not in proc.stdout and proc.stdout.count("[ok]") == 5
     assert "taken over (lease generation 2" in proc.stdout
