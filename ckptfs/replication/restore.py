@@ -297,26 +297,31 @@ def _restore_point(m: Mirror, run_id: str, files: list[RunFile], version: int | 
         # clash found while copying left the records copied so far in the folder. On a
         # case-insensitive disk that folder is another run's ('Papers' for 'papers'), whose
         # next commit then collided with them.
-        clash = [f.key for f in chain.files
-                 if f.key in dst_keys and not copier.same(f.key, reader.raw[f.key])]
+        present = [f for f in chain.files if f.key in dst_keys]
+        same = [m.pool.submit(copier.same, f.key, reader.raw[f.key]) for f in present]
+        clash = [f.key for f, fut in zip(present, same, strict=True) if not fut.result()]
         if clash:
             res.status = "conflict"
             res.error = (f"{m.dst.display_url} already holds {len(clash)} different file(s) under the "
                          f"names of run {run_id!r} (e.g. {clash[0]}); restore into a fresh URL")
             return res
+        held = {f.key for f in present}  # these very bytes are there: nothing to copy, read once
         refs = list(chain.refs.values())
         prog.planned(len(refs) + len(chain.files),
                      sum(r.size for r in refs) + sum(len(reader.raw[f.key]) for f in chain.files))
+        for f in present:
+            prog.done(f.key, len(reader.raw[f.key]), True)
+        res.skipped += len(present)
         gather([m.pool.submit(copier.artifact, stage, r) for r in refs], res, [r.size for r in refs])
         start = chain.snapshot if chain.snapshot is not None else (
             chain.records[0] if chain.records else None)
-        recs = [f for f in chain.records if f is not start]
+        recs = [f for f in chain.records if f is not start and f.key not in held]
         if res.ok:
-            gather([m.pool.submit(copier.blob, f.key, reader.raw[f.key], f.key in dst_keys)
+            gather([m.pool.submit(copier.blob, f.key, reader.raw[f.key], False)
                      for f in recs], res, [len(reader.raw[f.key]) for f in recs])
-        if res.ok and start is not None:
-            gather([m.pool.submit(copier.blob, start.key, reader.raw[start.key],
-                                  start.key in dst_keys)], res, [len(reader.raw[start.key])])
+        if res.ok and start is not None and start.key not in held:
+            gather([m.pool.submit(copier.blob, start.key, reader.raw[start.key], False)],
+                   res, [len(reader.raw[start.key])])
         if res.ok and res.copied == 0:
             res.status = "up-to-date"
         if res.status == "incomplete":
