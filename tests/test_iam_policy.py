@@ -16,14 +16,16 @@ The negative cases pin the policy's least privilege: it must not pass by being w
 
 from __future__ import annotations
 
+import fcntl
 import http.client
 import http.server
 import json
 import os
+import pickle
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -477,7 +479,36 @@ def _env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def scenario(s3_server: EmbeddedS3, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
+def scenario(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Scenario:
+    """The recording of `_record_scenario`, made once per test session.
+
+    Under pytest-xdist this module's tests are spread over the workers, and each worker would
+    record the whole scenario again (about 15 s of subprocesses, the same requests): the first
+    worker to get here records it and leaves it in the session's shared temporary directory, the
+    others wait for it on a lock and read it back. The recording is the same data either way
+    (what went over the wire); only who made it differs.
+    """
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return _record_scenario(request.getfixturevalue("s3_server"), tmp_path_factory)
+    shared = tmp_path_factory.getbasetemp().parent  # one directory for every worker of this run
+    done = shared / "iam-scenario.pickle"
+    with open(shared / "iam-scenario.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if done.exists():
+                loaded = pickle.loads(done.read_bytes())
+                assert isinstance(loaded, Scenario)
+                return loaded
+            sc = _record_scenario(request.getfixturevalue("s3_server"), tmp_path_factory)
+            tmp = done.with_suffix(".tmp")
+            tmp.write_bytes(pickle.dumps(sc))
+            tmp.replace(done)
+            return sc
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _record_scenario(s3_server: EmbeddedS3, tmp_path_factory: pytest.TempPathFactory) -> Scenario:
     """Run the library and every command once over S3, through the recording proxy."""
     s3_server.reset()
     work = tmp_path_factory.mktemp("iam")
@@ -524,7 +555,7 @@ def scenario(s3_server: EmbeddedS3, tmp_path_factory: pytest.TempPathFactory) ->
                  "CKPTFS_MIRROR_URL": url["mirror"], "CKPTFS_MIRROR_STORAGE_OPTIONS": both})
         proxy.label = "after"
         sc.records = list(proxy.records)
-    yield sc
+    return sc
 
 
 def test_every_command_ran_and_every_request_went_through_the_proxy(scenario: Scenario) -> None:
