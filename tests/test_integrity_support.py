@@ -8,6 +8,7 @@ really leaves, not against files made by hand.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 from dataclasses import dataclass
@@ -128,6 +129,35 @@ def _loadable(root: Path, run_id: str) -> dict[int, str]:
     return out
 
 
+def _fingerprint(root: Path) -> str:
+    """A digest of every directory, file name and byte under `root`: equal only for the same store."""
+    h = hashlib.blake2b()
+    for dirpath, dirs, names in os.walk(root):
+        dirs.sort()
+        h.update(b"D" + os.path.relpath(dirpath, root).encode() + b"\0")
+        for n in sorted(names):
+            h.update(b"F" + n.encode() + b"\0" + hashlib.blake2b(Path(dirpath, n).read_bytes()).digest())
+    return h.hexdigest()
+
+
+_LOADS: dict[tuple[str, str, str], dict[int, str]] = {}
+
+
+def _loadable_now(root: Path, run_id: str) -> dict[int, str]:
+    """`_loadable` of the store as it is now, remembered by its exact content (`_fingerprint`):
+    each deletion tried is undone, and so is each mutation, so the same bytes come back again
+    and again (the untouched store before every deletion, the same deletion tried by a later
+    mutation), and the same bytes load the same. A store in any other state is loaded afresh.
+    States are kept as digests of the loaded JSON, compared as the JSON itself would be."""
+    key = (str(root), run_id, _fingerprint(root))
+    if key not in _LOADS:
+        if len(_LOADS) >= 1024:
+            del _LOADS[next(iter(_LOADS))]
+        _LOADS[key] = {v: hashlib.sha256(state.encode()).hexdigest()
+                       for v, state in _loadable(root, run_id).items()}
+    return dict(_LOADS[key])
+
+
 def mutate(root: Path, rng: random.Random, kind: str, referenced: list[str]) -> Mutation:
     """Apply one mutation of `kind` to the store at `root`; return how to check and undo it."""
     keys = all_files(root)
@@ -148,10 +178,10 @@ def mutate(root: Path, rng: random.Random, kind: str, referenced: list[str]) -> 
         rng.shuffle(cands)
         for key in cands:
             data = (root / key).read_bytes()
-            before = _loadable(root, key.split("/")[1])
+            before = _loadable_now(root, key.split("/")[1])
             (root / key).unlink()
-            if _loadable(root, key.split("/")[1]) != {v: s for v, s in before.items()
-                                                      if f"/{v:012d}." not in key or "/log/" not in key}:
+            if _loadable_now(root, key.split("/")[1]) != {v: s for v, s in before.items()
+                                                          if f"/{v:012d}." not in key or "/log/" not in key}:
                 return Mutation(kind, {key}, {key: data})
             (root / key).write_bytes(data)  # every other version still loads: not damage
         raise AssertionError("no deletion that loses a loadable version")
