@@ -3,51 +3,31 @@
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import random
 import signal
 import time
-from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
 
 from _child_committer import commit_after_ready
+from _forkserver import context
 
 from ckptfs import CheckpointStore, StepStatus
 
-ROOT = str(Path(__file__).resolve().parent.parent)
 # Each child is forked from a forkserver that has imported ckptfs (and s3fs) once, so a kill
 # costs its random delay and the check, not an interpreter start (about 0.3 s): the children
 # are still separate processes, each SIGKILLed mid-commit.
-CTX = mp.get_context("forkserver")
-
-
-def _start_forkserver() -> None:
-    """Start this process's forkserver, importing this checkout's ckptfs (PYTHONPATH, as the
-    children of a subprocess had it) and the child's module. If it already runs (another test
-    started it), it is used as it is: a child then imports what the server lacks."""
-    CTX.set_forkserver_preload(["_child_committer", "s3fs"])
-    before = os.environ.get("PYTHONPATH")
-    paths = [ROOT, str(Path(__file__).parent), *([before] if before else [])]
-    os.environ["PYTHONPATH"] = os.pathsep.join(paths)
-    try:
-        forkserver.ensure_running()
-    finally:
-        if before is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = before
 
 
 def kill_loop(url: str, opts: dict[str, Any], side: Path, kills: int, seed: int,
               max_delay: float = 0.15) -> int:
     rng = random.Random(seed)
-    _start_forkserver()
+    ctx = context()
     acknowledged = 0
     for _ in range(kills):
-        recv, send = CTX.Pipe(duplex=False)
-        child = CTX.Process(target=commit_after_ready, args=(url, json.dumps(opts), str(side), send))
+        recv, send = ctx.Pipe(duplex=False)
+        child = ctx.Process(target=commit_after_ready, args=(url, json.dumps(opts), str(side), send))
         child.start()
         send.close()
         assert recv.poll(60) and recv.recv() == "ready"

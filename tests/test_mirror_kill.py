@@ -9,12 +9,12 @@ a clear error. At the end an uninterrupted pass converges on the source's newest
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import random
 import time
 from pathlib import Path
 from typing import Any
 
+from _forkserver import context
 from test_mirror import POLICY, state, work
 
 from backends.s3.embedded import EmbeddedS3
@@ -74,8 +74,7 @@ def test_sigkill_mirror_thirty_times_never_torn_then_converges(
     source = CheckpointStore(src, policy=POLICY, artifact_threshold=1024)
     for run_id in RUNS:
         work(source, run_id, 140, stop_after=6)
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["ckptfs.replication.mirror", "s3fs", "test_mirror_kill"])
+    ctx = context()  # ckptfs.replication.mirror, s3fs and this module imported in the server
     rng = random.Random(20261130)
     kills = restores = 0
     complete: set[str] = set()
