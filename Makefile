@@ -65,6 +65,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/mirror_restore.py
 	$(BIN)/python benchmarks/langgraph_put.py
 	$(BIN)/python benchmarks/workers.py
+	$(BIN)/python benchmarks/s3_load_artifacts.py
 	$(BIN)/python benchmarks/group_commit.py
 	$(BIN)/python benchmarks/seed_save_run.py
 	$(BIN)/python benchmarks/cli_startup.py
