@@ -220,3 +220,25 @@ def test_a_thread_whose_lease_file_is_a_case_twins_is_refused_saying_why(tmp_pat
     assert got is not None and got.checkpoint["channel_values"] == {"messages": ["Alice goes on"]}
     assert saver.get_tuple({"configurable": {"thread_id": "alice", "checkpoint_ns": ""}}) is None
     saver.close()
+
+
+@pytest.mark.parametrize("passes", [["--every-n"], ["--run"]], ids=["twin-ahead", "run-one-then-other"])
+def test_a_twin_behind_or_mirrored_alone_is_never_not_due_over_the_others_point(
+        tmp_path: Path, one_folder: Path, passes: list[str]) -> None:
+    """With `Papers` ahead (v5) of `papers` (v3), the folder showed Papers's v5 as papers's
+    point, a key papers's source does not hold, so no bytes were compared: "not-due", exit 0.
+    With `--run Papers` after `--run papers`, only the run asked for was looked at for twins:
+    the same. A twin's point whose name the source lacks must prove it is its own (header)."""
+    src = tmp_path / "src"
+    _write_run(src, "papers", 3)
+    _write_run(src, "Papers", 5)
+    if passes[0] == "--every-n":
+        runs, twin = [["--every-n", "10"]], "papers"
+    else:
+        runs, twin = [["--run", "papers"], ["--run", "Papers", "--every-n", "10"]], "Papers"
+    for args in runs:
+        code, report, err = cli_json("mirror", f"file://{src}", f"file://{one_folder}", "--once", *args)
+    status = {r["run_id"]: r for r in report["runs"]}
+    assert code == 1, (report, err)
+    assert status[twin]["status"] == "conflict", status[twin]
+    assert HINT in status[twin]["error"]

@@ -56,6 +56,7 @@ from ckptfs.errors import (
     CorruptFileError,
     StorageUnavailableError,
 )
+from ckptfs.format import codec
 from ckptfs.format.keys import RunFile, case_twins_hint, folded_id, namespace_plugin
 from ckptfs.replication.copy import (
     DEFAULT_ATTEMPTS,
@@ -129,12 +130,15 @@ class Mirror:
         before = retries_of(self.src, self.dst)
         report = MirrorReport(self.src.display_url, self.dst.display_url)
         ids = run_ids(self.src, run_id, skipped=report.runs)
-        folds = Counter(folded_id(rid) for rid in ids)
+        # twins among all the source's runs, not only those asked for: `--run Papers` after
+        # `--run papers` met papers's files in the shared folder and said "not-due", exit 0
+        every = ids if run_id is None else sorted(set(ids) | set(run_ids(self.src, None)))
+        folds = Counter(folded_id(rid) for rid in every)
         self.twins = frozenset(rid for rid in ids if folds[folded_id(rid)] > 1)
         for rid in ids:
             got = self._run(rid, every_n, latest, keep_last, progress, (listings or {}).get(rid))
             if got.status == "conflict" and got.error is not None:
-                got.error += case_twins_hint(rid, ids)
+                got.error += case_twins_hint(rid, every)
             report.runs.append(got)
         if run_id is None:
             lg = self._langgraph(progress)
@@ -190,7 +194,10 @@ class Mirror:
             # folder shows the other run's files, read as this run's point, and the run was
             # "not-due", exit 0, on every pass, never mirrored.
             last = dst_chain[-1].key
-            if last in src_keys and not self._same_bytes(last):
+            # a twin's point the source does not hold under that name (the twin is ahead: its
+            # v5 in the folder of `papers` at v3) proves it is its own by its header
+            if (not self._same_bytes(last) if last in src_keys
+                    else run_id in self.twins and not self._names_run(last, run_id)):
                 # The mirror's newest point is another lineage of this run (a store restored
                 # from the mirror and continued, then mirrored here): it was reported not-due,
                 # exit 0, while a restore from the mirror would bring back the other store's run.
@@ -320,6 +327,13 @@ class Mirror:
         res.copied += 1
         res.bytes += len(data)
         progress.done(key, len(data), False)
+
+    def _names_run(self, key: str, run_id: str) -> bool:
+        """Whether the destination's file at `key` is run `run_id`'s (its header says so)."""
+        try:
+            return codec.decode(self.dst.get(key), key).header.run_id == run_id
+        except (FileNotFoundError, CorruptFileError):
+            return False
 
     def _same_bytes(self, key: str) -> bool:
         try:
