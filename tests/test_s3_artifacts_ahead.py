@@ -112,3 +112,23 @@ def test_a_missing_or_altered_artifact_still_fails_its_version_by_name(
         assert {sid: s.result for sid, s in run.steps.items() if s.result} == kept
         assert reason in caplog.text, caplog.text
     store.close()
+
+
+def test_a_reference_of_negative_size_does_not_lift_the_bound_on_what_is_held(
+        s3: EmbeddedS3, s3_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record's `$refs` may be hostile: one of size -10**12 made the sizes sum below
+    ARTIFACTS_AHEAD_BYTES however large the others were, and all were fetched at once."""
+    from ckptfs.store import loader
+
+    _write(s3_url, s3.storage_options, 4)
+    store = CheckpointStore(s3_url, storage_options=s3.storage_options, policy=POLICY)
+    refs = []
+    for key in store.storage.list("artifacts/"):
+        data = store.storage.get(key)
+        refs.append({"uri": key, "sha256": key.rsplit("/", 1)[-1], "size": len(data)})
+    bound = sum(r["size"] for r in refs) - 1
+    monkeypatch.setattr(loader, "ARTIFACTS_AHEAD_BYTES", bound)
+    assert store._loader.fetch_artifacts(refs) == {}  # past the bound: one at a time
+    hostile = {"uri": refs[0]["uri"], "sha256": "0" * 64, "size": -10**12}
+    assert store._loader.fetch_artifacts([*refs, hostile]) == {}
+    store.close()

@@ -566,6 +566,8 @@ class RunLoader:
                 ref = ArtifactRef.model_validate(doc)
             except ValidationError:
                 continue
+            if ref.size < 0:  # no file has that size; summed, it hid the others from the bound
+                continue
             refs.setdefault((ref.uri, ref.sha256), ref)
         if len(refs) < 2 or sum(r.size for r in refs.values()) > ARTIFACTS_AHEAD_BYTES:
             return {}
