@@ -491,6 +491,7 @@ class RunLoader:
                 for sid, sd, refs in later:
                     self.resolve_refs(sd, refs, fetched)
                     models[sid] = validate(sd)
+                del fetched  # its bytes are values now: not held while the tool log's are fetched
                 models = {sid: models[sid] for sid in state["steps"]}  # the run's step order
             run = AgentRun.model_validate({**state["run"], "steps": models})
             state["steps"] = kept
