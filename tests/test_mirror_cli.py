@@ -129,6 +129,54 @@ def test_a_mirror_holding_another_stores_history_of_a_run_is_a_conflict(tmp_path
     assert again.returncode == 0 and "up-to-date" in again.stdout, again.stdout
 
 
+def test_a_mirror_behind_with_another_stores_history_is_a_conflict_before_it_is_due(
+        tmp_path: Path) -> None:
+    """The store moved 3 versions past a mirror holding another store's history of the run,
+    with --every-n 10: the pass called the run not-due (exit 0) without looking at the
+    mirror's file, and kept saying so until the run was due, while a restore from the mirror
+    brought back the other store's run. The mirror's newest file is checked on every pass."""
+    import sys
+
+    from ckptfs import AgentRun, Step, StepStatus
+
+    def history(url: str, result: str, steps: int) -> None:
+        with CheckpointStore(url) as store:
+            run = AgentRun(run_id="shared", goal="g", created_at=0.0, updated_at=0.0)
+            for i in range(steps):
+                run.add_step(Step(id=f"s{i}", title=f"s{i}"))
+            store.save_run(run)
+            for i in range(steps):
+                step = run.steps[f"s{i}"]
+                step.status, step.result = StepStatus.COMPLETED, f"{result} {i}"
+                store.commit(run, [step])
+
+    a, b, m = (str(tmp_path / n) for n in ("a", "b", "mirror"))
+    history(a, "from a", 6)
+    history(b, "from b", 3)
+    cli = str(Path(sys.executable).parent / "ckptfs")
+    first = subprocess.run([cli, "mirror", b, m, "--once", "--no-progress"], capture_output=True,
+                           text=True, timeout=60)
+    assert first.returncode == 0, first.stderr
+    for _ in range(2):  # the second pass is a job's next tick: still a conflict, not remembered away
+        got = subprocess.run([cli, "mirror", a, m, "--once", "--no-progress", "--every-n", "10",
+                              "--json"], capture_output=True, text=True, timeout=60)
+        doc = json.loads(got.stdout)
+        assert got.returncode == 1, got.stdout  # was 0, status not-due
+        assert doc["runs"][0]["status"] == "conflict", doc
+        assert "different file" in doc["runs"][0]["error"]
+    assert CheckpointStore(m).load_run("shared").steps["s0"].result == "from b 0"  # untouched
+    with CheckpointStore(b) as store:  # the mirror's own lineage moves on: not due, no conflict
+        run = store.load_run("shared")
+        step = Step(id="s3", title="s3")
+        run.add_step(step)
+        step.status, step.result = StepStatus.COMPLETED, "from b 3"
+        store.commit(run, [step])
+    same = subprocess.run([cli, "mirror", b, m, "--once", "--no-progress", "--every-n", "10",
+                           "--json"], capture_output=True, text=True, timeout=60)
+    assert same.returncode == 0, same.stdout
+    assert json.loads(same.stdout)["runs"][0]["status"] == "not-due"
+
+
 def test_a_memory_destination_is_refused_by_the_executable(tmp_path: Path) -> None:
     """`ckptfs mirror SRC memory://m` printed a table of files mirrored, exit 0, and
     `ckptfs restore MIRROR memory://r` said the run was restored: each process's memory:// is its

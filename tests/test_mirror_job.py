@@ -231,3 +231,32 @@ def test_a_scheduled_mirror_whose_passes_fail_exits_1_and_says_so(
     assert failed["ok"] is False and "mirror pass failed" in failed["error"], failed
     assert s3.storage_options["secret"] not in out + errs
     assert proc.returncode == 1, errs[-2000:]
+
+
+def test_a_jobs_not_due_ticks_read_the_mirrors_newest_file_once(tmp_path: Path) -> None:
+    """Every pass checks that the mirror's newest file is the source's (another store's
+    history there is a conflict, due or not); a job's later ticks remember what they proved
+    and fetch nothing more from the mirror while the run is not due."""
+
+    class Reads(Recording):
+        def __init__(self, inner: Any) -> None:
+            super().__init__(inner)
+            self.gets: list[str] = []
+
+        def get(self, key: str) -> bytes:
+            self.gets.append(key)
+            return self.inner.get(key)
+
+    src = str(tmp_path / "src")
+    store = CheckpointStore(src, policy=POLICY, artifact_threshold=1024)
+    work(store, RUN, 12, stop_after=4)
+    dst = Reads(open_storage(str(tmp_path / "dst")))
+    with MirrorJob(src, dst, every_n=50) as job:
+        first = job.tick()
+        assert first is not None and first.runs[0].status == "mirrored"
+        work(store, RUN, 12, stop_after=2)  # two versions on: not due at every_n=50
+        dst.gets.clear()
+        for _ in range(3):
+            rep = job.tick()
+            assert rep is not None and rep.runs[0].status == "not-due", rep
+        assert len([k for k in dst.gets if k.startswith(f"runs/{RUN}/")]) == 1, dst.gets

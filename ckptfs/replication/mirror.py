@@ -23,8 +23,11 @@ writes an object whole, so the right size at an artifact key is its content; a c
 file at an existing key is read back and hashed (these files are small, and this only happens
 on keys the destination listing shows, i.e. on re-runs). A different file at the same key is
 another lineage (a run restored and continued elsewhere): reported as a conflict, never
-overwritten. An upload counts once verified: the returned ETag equals the body's MD5 (S3
-single-part) or sha256 (memory), else the stored size is read back.
+overwritten. The mirror's newest file of a run is compared with the source's on every pass,
+due or not (a MirrorJob reads it from the mirror once), so a mirror holding another store's
+history is a conflict at once, not "not-due" until the run is due. An upload counts once
+verified: the returned ETag equals the body's MD5 (S3 single-part) or sha256 (memory), else
+the stored size is read back.
 
 Restore copies a point from a mirror into a fresh URL: it stages the files (in memory; big
 artifacts in a local temporary directory), verifies them by a full load of the run there
@@ -101,6 +104,9 @@ class Mirror:
         self.known: set[str] = set()  # artifact keys verified at dst; trusted for TOUCH_AFTER
         self.known_since = time.monotonic()
         self.lg_sent: dict[str, bytes] = {}  # LangGraph file -> sha256 the mirror holds (across passes)
+        # checkpoint file at dst -> the sha256 it was found to hold: a run's newest point is
+        # checked against the source on every pass, and a MirrorJob's passes read it once
+        self.proven: dict[str, bytes] = {}
         # this pass's runs whose ids differ only in case from another's: on a case-insensitive
         # destination their folders are one, so the mirror's point must prove it is theirs
         self.twins: frozenset[str] = frozenset()
@@ -126,6 +132,7 @@ class Mirror:
         if t0 - self.known_since > TOUCH_AFTER:
             # a `ckptfs prune` of the mirror may have collected artifacts since: look again
             self.known.clear()
+            self.proven.clear()
             self.known_since = t0
         before = retries_of(self.src, self.dst)
         report = MirrorReport(self.src.display_url, self.dst.display_url)
@@ -189,11 +196,13 @@ class Mirror:
         dst_chain = name_path(dst_files)
         previous = chain_end(dst_chain)
         res = RunResult(run_id, "mirrored", previous=previous, source_version=head)
-        if dst_chain and (previous >= head or run_id in self.twins):
-            # A twin's point is checked even when it is behind: on a case-insensitive disk the
-            # folder shows the other run's files, read as this run's point, and the run was
-            # "not-due", exit 0, on every pass, never mirrored.
-            last = dst_chain[-1].key
+        last = dst_chain[-1].key if dst_chain else ""
+        if dst_chain and (previous >= head or run_id in self.twins or last in src_keys):
+            # The point is checked even when it is behind, not-due or not: the source moved
+            # 3 versions past a mirror holding another store's v5 of the run, and the pass said
+            # "not-due", exit 0, until the run was due, while a restore would bring back the
+            # other store's run. A twin's point too: on a case-insensitive disk the folder shows
+            # the other run's files, read as this run's point, "not-due" on every pass.
             # a twin's point the source does not hold under that name (the twin is ahead: its
             # v5 in the folder of `papers` at v3) proves it is its own by its header
             if (not self._same_bytes(last) if last in src_keys
@@ -336,12 +345,18 @@ class Mirror:
             return False
 
     def _same_bytes(self, key: str) -> bool:
+        """Whether src and dst hold one file at `key`; a dst file found equal once is not
+        fetched again (keys are written once, exclusively) until the `known` timer runs out."""
         try:
-            a = self.src.get(key)
-            b = self.dst.get(key)
+            mine = hashlib.sha256(self.src.get(key)).digest()
+            if self.proven.get(key) == mine:
+                return True
+            theirs = hashlib.sha256(self.dst.get(key)).digest()
         except FileNotFoundError:
             return False
-        return hashlib.sha256(a).digest() == hashlib.sha256(b).digest()
+        if theirs == mine:
+            self.proven[key] = mine
+        return theirs == mine
 
     def _retention(self, run_id: str, keep_last: int) -> int:
         store = CheckpointStore(storage=self.dst, policy=CompactionPolicy(background=False, keep_last=0))
