@@ -228,9 +228,45 @@ class UnsupportedFormatError(CorruptFileError):
 
 def first_of(reasons: list[str], most: int = 5) -> str:
     """The first `most` reasons joined, and how many more were left out: one wording wherever a
-    list is cut for a message (this error, the CLI's corrupt run, the loader's warning)."""
+    list is cut for a message (this error, the CLI's corrupt run, the loader's warning).
+
+    A closing note in parentheses that every shown reason ends with is said once, at the end:
+    the case-twins sentence (~170 characters) came three times in one line, once per file."""
+    shown = reasons[:most]
+    note = _shared_note(shown)
+    if note:
+        shown = [r[: len(r) - len(note)] for r in shown]
     more = f"; (+{len(reasons) - most} more)" if len(reasons) > most else ""
-    return "; ".join(reasons[:most]) + more
+    return "; ".join(shown) + (f" (each: {note[2:-1]})" if note else "") + more
+
+
+def _shared_note(reasons: list[str]) -> str:
+    """The " (...)" that ends every one of two or more reasons, else ""."""
+    if len(reasons) < 2 or not reasons[0].endswith(")"):
+        return ""
+    first = reasons[0]
+    n = min(len(r) for r in reasons)
+    common = 0
+    while common < n and all(r[-1 - common] == first[-1 - common] for r in reasons):
+        common += 1
+    tail = first[len(first) - common:]
+    start = tail.find(" (")
+    while start >= 0:
+        note = tail[start:]
+        if _closes_at_end(note[1:]) and all(len(r) > len(note) for r in reasons):
+            return note
+        start = tail.find(" (", start + 1)
+    return ""
+
+
+def _closes_at_end(text: str) -> bool:
+    """Whether the parenthesis `text` opens with is closed by its last character."""
+    depth = 0
+    for pos, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0:
+            return pos == len(text) - 1
+    return False
 
 
 class CheckpointCorruptError(CkptfsError):

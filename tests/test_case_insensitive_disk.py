@@ -82,6 +82,8 @@ def test_a_second_spelling_is_refused_naming_both_ids_and_never_merged(one_folde
     again.close()
     code, out, err = cli("show", str(one_folder), "Papers")
     assert code != 0 and HINT in out + err, (code, out, err)
+    # said once, not once per file of the folder (three files: the sentence came three times)
+    assert (out + err).count(HINT) == 1, (out, err)
 
 
 def test_restore_of_twins_publishes_one_and_writes_nothing_of_the_other(tmp_path: Path,

@@ -80,3 +80,18 @@ def test_an_unknown_run_is_not_found_for_every_command(tmp_path: Path) -> None:
         done = subprocess.run([exe, *argv, "--json"], capture_output=True, text=True, timeout=60)
         doc = json.loads(done.stdout)
         assert (done.returncode, doc["error"]["code"]) == (2, "not-found"), (argv, doc)
+
+
+def test_a_note_every_reason_ends_with_is_said_once() -> None:
+    """The case-twins sentence ended each of three files' reasons: a load's error said it three
+    times. Said once now, only when every shown reason ends with it, nothing else changed."""
+    from ckptfs.errors import first_of
+
+    note = " (run 'a' and 'A' differ only in case (or form))"
+    got = first_of([f"f{i}: v{i} misplaced{note}" for i in range(7)], 3)
+    assert got == "f0: v0 misplaced; f1: v1 misplaced; f2: v2 misplaced (each: run 'a' and 'A' " \
+                  "differ only in case (or form)); (+4 more)"
+    assert first_of(["x (one)", "y (two)"]) == "x (one); y (two)"
+    assert first_of(["x (one)", "y"]) == "x (one); y"
+    assert first_of(["only (one)"]) == "only (one)"
+    assert first_of(["(z)", "(z)"]) == "(z); (z)"  # nothing would be left of either
