@@ -3,6 +3,7 @@
     python benchmarks/scale.py            # short (10,000 steps; `make bench`)
     python benchmarks/scale.py --scale    # to 100,000 steps (about 15 minutes on 2 cores)
     python benchmarks/scale.py --steps 50000 --json out.json
+    python benchmarks/scale.py --steps 100 --smoke   # every row on a tiny run (tests/)
 
 Rows (what each compares):
   * local commit p50 over the floor (write + fsync + rename + fsync(dir) of the same bytes,
@@ -198,21 +199,21 @@ def group_commit_ratio(steps: int) -> float:
     return many / one
 
 
-def seed_save_run() -> tuple[float, float]:
+def seed_save_run(small: int = 200, big: int = 5000, rounds: int = 60) -> tuple[float, float]:
     from seed_save_run import measure
 
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
-        small_save, _small_floor = measure(str(Path(tmp) / "a"), 200, 60)
-        big_save, big_floor = measure(str(Path(tmp) / "b"), 5000, 60)
+        small_save, _small_floor = measure(str(Path(tmp) / "a"), small, rounds)
+        big_save, big_floor = measure(str(Path(tmp) / "b"), big, rounds)
     return big_save / small_save, big_save / big_floor
 
 
-def langgraph_rows() -> dict[str, Any] | None:
+def langgraph_rows(extra: list[str]) -> dict[str, Any] | None:
     script = HERE / "langgraph_put.py"
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = f.name
     try:
-        done = subprocess.run([sys.executable, str(script), "--json", out], capture_output=True,
+        done = subprocess.run([sys.executable, str(script), "--json", out, *extra], capture_output=True,
                               text=True)
         if done.returncode != 0:
             return None
@@ -229,6 +230,8 @@ def main() -> int:
     ap.add_argument("--scale", action="store_true", help="run to 100,000 steps")
     ap.add_argument("--steps", type=int, default=0)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true",
+                    help="every row on a tiny workload (the figures mean nothing): that the script runs")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -260,12 +263,13 @@ def main() -> int:
         load = min(loads, key=lambda one: float(one["seconds"]))
         load["all"] = sorted(float(one["seconds"]) for one in loads)
     lat, floor = commit["lat"], commit["floor"]
-    for w in (w for w in WINDOWS if w <= n):
+    windows = [w for w in WINDOWS if w <= n] or [n]  # a run under 1,000 steps: one window, all of it
+    for w in windows:
         lo = max(0, w - min(1000, w // 2))
         ratio = statistics.median(lat[lo:w]) / statistics.median(floor[lo:w])
         rows.append((f"local commit p50 / floor p50, steps {lo:,}-{w:,}", f"{ratio:.2f}x", "<= 1.5x",
                      ratio <= 1.5))
-    last = max(w for w in WINDOWS if w <= n)
+    last = windows[-1]
     lo = max(0, last - min(1000, last // 2))
     p99 = pct(lat[lo:last], 0.99) / statistics.median(floor[lo:last])
     rows.append((f"local commit p99 / floor p50, steps {lo:,}-{last:,}", f"{p99:.2f}x", "<= 5x", p99 <= 5))
@@ -289,25 +293,29 @@ def main() -> int:
     rss = commit["maxrss"] / obj["maxrss"]
     rows.append((f"peak RSS of the run / the run object alone ({commit['maxrss'] / 1e9:.2f} / "
                  f"{obj['maxrss'] / 1e9:.2f} GB)", f"{rss:.2f}x", "<= 1.5x", rss <= 1.5))
-    gc_ratio = group_commit_ratio(2000)
+    gc_ratio = group_commit_ratio(100 if args.smoke else 2000)
     rows.append(("aexecute_run commits/s, concurrency 64 / 1 (2,000 no-op steps)", f"{gc_ratio:.1f}x",
                  ">= 5x", gc_ratio >= 5))
-    growth, over_floor = seed_save_run()
+    growth, over_floor = seed_save_run(*((20, 50, 5) if args.smoke else ()))
     rows.append(("seed save_run p50, 5,000 / 200 steps", f"{growth:.2f}x", "<= 1.5x", growth <= 1.5))
     rows.append(("seed save_run p50 / commit of the changed step, 5,000 steps", f"{over_floor:.2f}x",
                  "<= 3x", over_floor <= 3))
-    s3 = s3_commit_vs_put()
+    s3 = s3_commit_vs_put(30 if args.smoke else 300)
     s3r = s3["commit_p50"] / s3["put_p50"]
     rows.append(("S3 commit p50 / bare conditional PUT p50 (moto)", f"{s3r:.2f}x", "<= 1.2x", s3r <= 1.2))
     rows.append(("S3 storage calls per commit (p50 / max)", f"{s3['calls_p50']:.0f} / {s3['calls_max']:.0f}",
                  "1", s3["calls_p50"] == 1))
-    lg = langgraph_rows()
+    lg = langgraph_rows(["--steps", "10", "--sizes", "10", "--get-rounds", "10", "--no-s3"]
+                        if args.smoke else [])
     if lg is None:
         rows.append(("LangGraph rows (benchmarks/langgraph_put.py --json)", "failed", "", False))
     else:
         for name, value, target, ok in lg.get("rows", []):
             rows.append((name, value, target, ok))
-    t = Table(title=f"issue 12 targets, measured side by side in one run ({n:,} steps)")
+    title = f"issue 12 targets, measured side by side in one run ({n:,} steps)"
+    if args.smoke:  # the rows keep their names; their sizes were not those
+        title += " - SMOKE: tiny workloads, the figures mean nothing"
+    t = Table(title=title)
     for col in ("measure", "measured", "target", "ok"):
         t.add_column(col)
     for name, value, target, ok in rows:
