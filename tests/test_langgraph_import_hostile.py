@@ -306,3 +306,53 @@ def test_a_thread_id_that_looks_like_markup_is_listed_and_imported_in_a_terminal
     assert listed == set(ids), out
     code, out, err = cli("show", str(store), "--thread", "a[/b]")
     assert code == 0 and "thread a[/b] in" in out, (out, err)
+
+
+def _journal_file(path: Path, mode: str) -> Path:
+    """A SqliteSaver file left in `mode`: "wal" as SqliteSaver leaves it, "delete" (rollback
+    journal) as a user who ran `PRAGMA journal_mode=DELETE` on it, or a copy made by sqlite3's
+    backup, leaves it."""
+    import sqlite3
+
+    conn = sqlite3.connect(str(path), check_same_thread=False)
+    fill(SqliteSaver(conn))
+    conn.execute(f"PRAGMA journal_mode={mode}")
+    conn.close()
+    return path
+
+
+def _beside(directory: Path) -> dict[str, str]:
+    import hashlib
+
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir())}
+
+
+@pytest.mark.parametrize("mode", ["wal", "delete"])
+@pytest.mark.parametrize("read_only_dir", [False, True], ids=["writable-dir", "read-only-dir"])
+def test_an_import_adds_and_changes_nothing_beside_the_source(tmp_path: Path, mode: str,
+                                                              read_only_dir: bool) -> None:
+    """A WAL-mode file in a writable directory was opened mode=ro, and a read-only reader of a
+    WAL file leaves its -wal and -shm behind: after every import `agent.sqlite-wal` (0 bytes)
+    and `agent.sqlite-shm` (32 KiB) stood beside the user's file. A rollback-journal file
+    (journal_mode=DELETE) imported nothing at all: exit 1, every thread 'cannot be read ...:
+    attempt to write a readonly database' (SqliteSaver's setup switches the file to WAL). Now
+    both import, and the directory holds exactly the bytes it held before."""
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    src = _journal_file(src_dir / "agent.sqlite", mode)
+    before = _beside(src_dir)
+    assert list(before) == ["agent.sqlite"]
+    store = tmp_path / "store"
+    if read_only_dir:
+        src_dir.chmod(0o555)
+    try:
+        code, out, err = _cli_bound("import-langgraph", str(src), str(store))
+        assert code == 0 and "imported: 3 thread(s)" in out and "32 checkpoint(s) copied" in out, (out, err)
+        assert _beside(src_dir) == before
+        code, out, err = _cli_bound("import-langgraph", str(src), str(store))  # a rerun: the same
+        assert code == 0 and "0 checkpoint(s) copied, 32 already there" in out, (out, err)
+        assert _beside(src_dir) == before
+    finally:
+        src_dir.chmod(0o755)
+    assert cli("verify", str(store))[0] == 0
+    _same_threads(src, str(store))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sqlite3
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -120,7 +121,8 @@ class SqliteSource(Source):
         # of the name and '%' as an escape, and it opened "my" (created, read-write) for my#1.db.
         uri = f"file:{quote(str(Path(path).resolve()))}?mode=ro"
         try:
-            self.conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+            self.conn = sqlite3.connect(_reader_uri(path, uri), uri=True, check_same_thread=False)
+            self.conn.execute("PRAGMA query_only=1")  # a read-write connection too writes nothing
         except sqlite3.Error as exc:  # a file this user may not read: bad input, not a crash
             raise ConfigError(f"cannot open {path}: {exc}") from None
         try:
@@ -143,7 +145,13 @@ class SqliteSource(Source):
             self.conn.close()
             raise ConfigError(f"{path} is not a SqliteSaver database (no checkpoints/writes tables)")
         self.has_path = any(r[1] == "task_path" for r in self.conn.execute("PRAGMA table_info(writes)"))
-        super().__init__(SqliteSaver(self.conn), path)
+        saver = SqliteSaver(self.conn)
+        # its setup switches the file to WAL and adds a column: writes, which a rollback-journal
+        # file refused ("attempt to write a readonly database", every thread); the tables are
+        # known to be there, and whether writes has task_path is known too
+        saver.is_setup = True
+        saver._has_task_path = self.has_path  # an attribute newer savers read; older ones ignore it
+        super().__init__(saver, path)
 
     def thread_ids(self) -> list[str]:
         try:
@@ -165,6 +173,28 @@ class SqliteSource(Source):
 
 def _table_names(conn: sqlite3.Connection) -> set[str]:
     return {str(r[0]) for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def _reader_uri(path: str, uri: str) -> str:
+    """How to open the file so that nothing is left beside it. A read-only reader of a WAL-mode
+    file creates its -wal and -shm and, unlike the last read-write connection, never removes
+    them: every import left both beside the user's file. So a WAL-mode file with neither beside
+    it (nobody has it open), which this user may write, is opened read-write, query_only (no
+    statement writes), and SQLite removes the two at close, the database's bytes unchanged (its
+    WAL is empty, so the checkpoint at close copies nothing). Any other file is opened
+    read-only: a rollback-journal file's reader creates nothing, and where -wal or -shm already
+    stand their owner keeps them."""
+    resolved = Path(path).resolve()
+    try:
+        with resolved.open("rb") as f:
+            header = f.read(100)
+    except OSError:
+        return uri  # connect() names what is wrong
+    wal_mode = header.startswith(b"SQLite format 3\0") and header[18:20] == b"\x02\x02"
+    if (wal_mode and not Path(f"{resolved}-wal").exists() and not Path(f"{resolved}-shm").exists()
+            and os.access(resolved, os.W_OK) and os.access(resolved.parent, os.W_OK)):
+        return uri.replace("?mode=ro", "?mode=rw")
+    return uri
 
 
 def _open_immutable(path: str, uri: str) -> sqlite3.Connection:
