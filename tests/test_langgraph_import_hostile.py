@@ -356,3 +356,41 @@ def test_an_import_adds_and_changes_nothing_beside_the_source(tmp_path: Path, mo
         src_dir.chmod(0o755)
     assert cli("verify", str(store))[0] == 0
     _same_threads(src, str(store))
+
+
+def test_two_imports_at_once_each_count_what_they_wrote(tmp_path: Path) -> None:
+    """Two `import-langgraph` of one source into one store at once: each listed a thread's
+    objects in the store before taking its lease, and the other import, holding it, wrote the
+    thread meanwhile; so both stored the same checkpoints (the second replacing the first's) and
+    both counted them: 60 threads of 420 checkpoints and 360 write objects gave reports summing
+    to 422 checkpoints and 381 writes. Now a thread's store is read under its lease: together
+    the two reports copy each object once and skip it once."""
+    import json as _json
+
+    from test_cli_commands import CLI, QUIET_CWD
+
+    src = tmp_path / "many.sqlite"
+    with SqliteSaver.from_conn_string(str(src)) as saver:
+        graph = build(saver)
+        for i in range(60):
+            graph.invoke(START_STATE, {"configurable": {"thread_id": f"t{i:03}"}})
+        total = saver.conn.execute("SELECT COUNT(*) FROM checkpoints").fetchone()[0]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTFS_")}
+    for round_ in range(2):
+        store = tmp_path / f"store{round_}"
+        procs = [subprocess.Popen([CLI, "import-langgraph", str(src), str(store), "--json"], cwd=QUIET_CWD,
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for _ in range(2)]
+        docs = []
+        for proc in procs:
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, (out, err)
+            docs.append(_json.loads(out))
+        code, alone, err = cli_json("import-langgraph", str(src), str(tmp_path / f"alone{round_}"))
+        assert code == 0 and alone["checkpoints"] == total, (alone, err)
+        assert sum(d["checkpoints"] for d in docs) == total, docs
+        assert sum(d["skipped"] for d in docs) == total, docs
+        assert sum(d["writes"] for d in docs) == alone["writes"], (docs, alone)
+        code, again, err = cli_json("import-langgraph", str(src), str(store))
+        assert code == 0 and again["checkpoints"] == again["writes"] == 0 and again["skipped"] == total
+        assert cli("verify", str(store))[0] == 0

@@ -16,7 +16,8 @@ left it (an interrupt waits on its resume, time travel finds the old checkpoints
   checkpoint already in the store is skipped (its missing write objects are added): a rerun
   after a crash or an interruption converges, and an import of a grown source adds the rest;
   it also stores again the name of a long thread (`langgraph/names/`) that the store lost.
-* Each thread is written under its lease (one writer per thread) and given back at once.
+* Each thread is written under its lease (one writer per thread), taken before the store is
+  looked at (so two imports at once never both copy an object) and given back at once.
 * A thread that cannot be copied (another process writes it in the store; an id the saver
   refuses, e.g. over its length limit; a row of it the source cannot read back, or a damaged
   page of its file; another history under its id in the store, none of whose checkpoints is the
@@ -347,8 +348,34 @@ def _refuse_foreign(dest: CkptfsSaver, thread_id: str, spaces: dict[str, list[Ch
                 "import into another store, or delete the thread there first")
 
 
+@contextlib.contextmanager
+def _holding(dest: CkptfsSaver, thread_id: str) -> Iterator[None]:
+    """The thread's lease, held from before the store is looked at until its last write: what
+    the store holds of it (present, foreign) is then known, not a guess another import (or a
+    running graph) overtook between the look and the first write. That import re-stored the
+    other's checkpoints, replacing them, and both reports counted them."""
+    if dest.leases is None:
+        yield
+        return
+    tenure = dest.leases.begin(thread_id, wait=dest.busy_timeout)
+    done = False
+    try:
+        yield
+        done = True
+    finally:
+        dest.leases.end(thread_id, tenure, confirm=done)
+
+
 def _import_thread(source: Source, dest: CkptfsSaver, thread_id: str, report: ImportReport) -> None:
     spaces, rows = _read_thread(source, thread_id)
+    if spaces:
+        with _holding(dest, thread_id):
+            _write_thread(dest, thread_id, report, spaces, rows)
+
+
+def _write_thread(dest: CkptfsSaver, thread_id: str, report: ImportReport,
+                  spaces: dict[str, list[CheckpointTuple]],
+                  rows: dict[tuple[str, str], list[Row] | None]) -> None:
     _refuse_foreign(dest, thread_id, spaces)
     if spaces and lg_hashed(lg_thread_segment(thread_id)):
         dest.name_thread(thread_id)  # a rerun that copies nothing still puts back a lost name
