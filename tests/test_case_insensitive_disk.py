@@ -217,6 +217,9 @@ def test_a_thread_whose_lease_file_is_a_case_twins_is_refused_saying_why(tmp_pat
     with pytest.raises(ThreadBusyError, match=HINT) as caught:
         put("alice", "alice's own")
     assert "'Alice'" in str(caught.value)
+    # it named no holder ("written by another process", here this very one) and "generation ?"
+    assert "another process" not in str(caught.value) and "generation ?" not in str(caught.value)
+    assert "held by this very process" in str(caught.value) and caught.value.holder is not None
     put("Alice", "Alice goes on")
     got = saver.get_tuple({"configurable": {"thread_id": "Alice", "checkpoint_ns": ""}})
     assert got is not None and got.checkpoint["channel_values"] == {"messages": ["Alice goes on"]}

@@ -393,6 +393,7 @@ class ThreadLeases:
         seen: tuple[str, float] | None = None  # (what identifies the record seen, when first seen)
         alive = False
         twin = ""  # why the lease file holds another thread's record, when its id says why
+        twin_rec: ThreadLeaseRecord | None = None  # that record: who holds the file, and since when
         while True:
             rec, data = self._record(thread_id, (known or 0) + 1)
             sent = self.clock()
@@ -410,7 +411,12 @@ class ThreadLeases:
                 continue  # released and deleted by hand meanwhile: create it again
             old = parse_record(key, current)
             if old is not None and not names(old, thread_id):
-                twin = twin_hint(old.thread_id, thread_id) or twin
+                hint = twin_hint(old.thread_id, thread_id)
+                if hint:
+                    twin, twin_rec = hint, old
+                    if old.holder == self.holder:
+                        twin = (f"{twin[:-1]}; it is held by this very process ({self.holder}), "
+                                f"which writes thread {shown(old.thread_id)})")
                 old = None  # a record copied under another name is nobody's lease of this thread
             now = self.clock()
             # the etag and the nonce: a local disk's etag comes from stat fields, which coarse
@@ -435,8 +441,10 @@ class ThreadLeases:
             else:
                 if alive and now >= give_up:
                     waited = f" for {wait:g}s" if wait > 0 else ""
-                    raise ThreadBusyError(thread_id, old.holder if old is not None else None,
-                                          f"its lease (generation {old.generation if old else '?'}) was "
+                    shown_rec = old if old is not None else twin_rec
+                    raise ThreadBusyError(thread_id, shown_rec.holder if shown_rec is not None else None,
+                                          f"its lease (generation "
+                                          f"{shown_rec.generation if shown_rec is not None else '?'}) was "
                                           f"renewed while this process waited{waited}; retry later, or "
                                           "give the saver busy_timeout= to wait for the thread" + twin)
                 self.sleep(self.poll)
