@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _privileges import drop_dac
@@ -394,3 +395,33 @@ def test_two_imports_at_once_each_count_what_they_wrote(tmp_path: Path) -> None:
         code, again, err = cli_json("import-langgraph", str(src), str(store))
         assert code == 0 and again["checkpoints"] == again["writes"] == 0 and again["skipped"] == total
         assert cli("verify", str(store))[0] == 0
+
+
+def test_a_metadata_step_that_is_not_an_integer_is_never_printed_as_bare_nan(tmp_path: Path) -> None:
+    """A source whose checkpoint metadata says step NaN (SqliteSaver keeps metadata as JSON text,
+    which Python's json writes NaN into and reads back): `ckptfs show --thread --json` printed
+    `"step": NaN`, which is not JSON (JSON.parse, Go and strict parsers refuse the document).
+    Now a step that is not an integer, or a source that is not text, is shown as unknown."""
+    import json as _json
+    import sqlite3
+
+    src = _saver_file(tmp_path / "src.sqlite")
+    conn = sqlite3.connect(str(src))
+    conn.execute("UPDATE checkpoints SET metadata = ? WHERE thread_id = 'done'",
+                 (b'{"source": {"a": [1e999]}, "step": NaN, "parents": {}}',))
+    conn.commit()
+    conn.close()
+    store = tmp_path / "store"
+    assert cli("import-langgraph", str(src), str(store))[0] == 0
+
+    def strict(text: str) -> Any:
+        return _json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in --json output"))
+
+    code, out, err = cli("show", str(store), "--thread", "done", "--json")
+    assert code == 0, (out, err)
+    rows = strict(out)["checkpoints"]
+    assert rows and all(r["step"] is None and r["source"] is None for r in rows), rows
+    code, out, err = cli("show", str(store), "--thread", "waiting", "--json")
+    assert code == 0 and {r["source"] for r in strict(out)["checkpoints"]} >= {"input", "loop"}
+    code, out, err = cli("show", str(store), "--thread", "done")
+    assert code == 0 and "nan" not in out.lower(), out

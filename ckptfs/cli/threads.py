@@ -209,8 +209,12 @@ def show_thread(args: argparse.Namespace, storage: Storage) -> int:
                     rows.append(row)
                     continue
                 md = _metadata(obj)
+                # another saver's metadata (an import) says what it likes: a step of NaN was
+                # printed as `NaN`, which is not JSON; what is not LangGraph's kind is unknown
+                step, source = md.get("step"), md.get("source")
                 row.update(parent=obj.header.get("parent"), run_id=obj.header.get("run_id"),
-                           step=md.get("step"), source=md.get("source"),
+                           step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+                           source=source if isinstance(source, str) else None,
                            channels_written=sorted(obj.parts), channels=sorted(obj.header.get("refs") or {}))
                 rows.append(row)
     code = EXIT_PROBLEMS if damaged else EXIT_OK
