@@ -425,3 +425,29 @@ def test_a_metadata_step_that_is_not_an_integer_is_never_printed_as_bare_nan(tmp
     assert code == 0 and {r["source"] for r in strict(out)["checkpoints"]} >= {"input", "loop"}
     code, out, err = cli("show", str(store), "--thread", "done")
     assert code == 0 and "nan" not in out.lower(), out
+
+
+def test_a_stray_file_beside_a_log_never_hides_its_namespace(tmp_path: Path) -> None:
+    """`ckptfs threads` and `show --thread` copied every file of a namespace, the strays beside
+    its log too: a FIFO left there (`.records.fifo`) or a link made the whole namespace
+    'skipped', exit 0, its checkpoints missing from the listing, though the saver reads them and
+    verify calls the file one stray; a large stray was read into memory whole. Now only the log
+    and the saver's own objects are read; the strays are verify's to report."""
+    src = _saver_file(tmp_path / "src.sqlite")
+    store = tmp_path / "store"
+    assert cli("import-langgraph", str(src), str(store))[0] == 0
+    code, before, err = cli_json("threads", str(store))
+    assert code == 0 and len(before["threads"]) == 7, (before, err)
+    shown_before = cli_json("show", str(store), "--thread", "twice")[1]["checkpoints"]
+    ns = store / "langgraph" / "threads" / "twice" / "_"
+    assert (ns / ".records").is_file()
+    os.mkfifo(ns / ".records.fifo")
+    (ns / "notes.txt").symlink_to("/etc/passwd")
+    with open(ns / "huge.bin", "wb") as f:  # sparse: 4 GiB read whole was the process's memory
+        f.truncate(4 << 30)
+    code, after, err = cli_json("threads", str(store), timeout=30)
+    assert code == 0 and after["threads"] == before["threads"] and "skipped" not in err, (after, err)
+    code, doc, err = cli_json("show", str(store), "--thread", "twice", timeout=30)
+    assert code == 0 and doc["checkpoints"] == shown_before, err
+    code, out, err = cli("verify", str(store))
+    assert code == 1 and "0 error(s), 3 warning(s)" in " ".join(out.split()), (out, err)

@@ -89,8 +89,13 @@ def _namespaces(storage: Storage, thread_seg: str) -> Iterator[list[Namespace]]:
             ns = Namespace("" if seg == "_" else lg_decode(seg[1:]) if seg.startswith("_") else seg)
             reader: Storage = storage
             if any(k.endswith("/" + LOG_NAME) for k in gkeys):
+                # the log and the saver's own objects beside it, never the strays there: a FIFO
+                # or a link among those hid the namespace, a large one was read into memory
+                # (verify reports them; the saver ignores them)
+                ours = [k for k in gkeys if k == group + LOG_NAME
+                        or k[len(group):].split("/", 1)[0] in ("ckpt", "held", "writes")]
                 try:
-                    copies = [(k, storage.get(k)) for k in gkeys]
+                    copies = [(k, storage.get(k)) for k in ours]
                 except UnreadableFileError as exc:  # a link or a FIFO at the log: not a thread of ours
                     warn(f"namespace {group} skipped: {exc} (see `ckptfs verify`)")
                     continue
