@@ -57,10 +57,12 @@ from typing import Any
 from ckptfs.errors import (
     ConfigError,
     CorruptFileError,
+    MisplacedFileError,
     StorageUnavailableError,
 )
 from ckptfs.format import codec
 from ckptfs.format.keys import RunFile, case_twins_hint, folded_id, namespace_plugin
+from ckptfs.format.reader import decode_run_file
 from ckptfs.replication.copy import (
     DEFAULT_ATTEMPTS,
     DEFAULT_WORKERS,
@@ -205,8 +207,16 @@ class Mirror:
             # the other run's files, read as this run's point, "not-due" on every pass.
             # a twin's point the source does not hold under that name (the twin is ahead: its
             # v5 in the folder of `papers` at v3) proves it is its own by its header
-            if (not self._same_bytes(last) if last in src_keys
-                    else run_id in self.twins and not self._names_run(last, run_id)):
+            try:
+                other = (not self._same_bytes(last, run_id, dst_chain[-1]) if last in src_keys
+                         else run_id in self.twins and not self._names_run(last, run_id))
+            except CorruptFileError as exc:
+                # a link, a FIFO or damaged bytes at either end: this run cannot be compared,
+                # and the refusal escaped the pass (one "corrupt" line, no other run mirrored)
+                res.status, res.version, res.error = "incomplete", previous, str(exc)
+                res.missing = [res.error]
+                return res
+            if other:
                 # The mirror's newest point is another lineage of this run (a store restored
                 # from the mirror and continued, then mirrored here): it was reported not-due,
                 # exit 0, while a restore from the mirror would bring back the other store's run.
@@ -344,19 +354,31 @@ class Mirror:
         except (FileNotFoundError, CorruptFileError):
             return False
 
-    def _same_bytes(self, key: str) -> bool:
+    def _same_bytes(self, key: str, run_id: str, rf: RunFile) -> bool:
         """Whether src and dst hold one file at `key`; a dst file found equal once is not
-        fetched again (keys are written once, exclusively) until the `known` timer runs out."""
+        fetched again (keys are written once, exclusively) until the `known` timer runs out.
+        CorruptFileError: either end's file is unreadable (a link, a FIFO), or the two differ
+        and one of them does not decode as that file (damage, not another store's history)."""
         try:
-            mine = hashlib.sha256(self.src.get(key)).digest()
+            data = self.src.get(key)
+            mine = hashlib.sha256(data).digest()
             if self.proven.get(key) == mine:
                 return True
-            theirs = hashlib.sha256(self.dst.get(key)).digest()
+            held = self.dst.get(key)
         except FileNotFoundError:
             return False
-        if theirs == mine:
+        if hashlib.sha256(held).digest() == mine:
             self.proven[key] = mine
-        return theirs == mine
+            return True
+        for side, got in (("source", data), ("mirror", held)):
+            try:
+                decode_run_file(got, rf, run_id)
+            except MisplacedFileError:
+                return False  # whole, but another run's (a case twin's folder): a conflict
+            except CorruptFileError as exc:
+                raise CorruptFileError(key, f"the {side}'s file does not decode ({exc.reason}); "
+                                            "nothing is overwritten, see `ckptfs verify`") from None
+        return False
 
     def _retention(self, run_id: str, keep_last: int) -> int:
         store = CheckpointStore(storage=self.dst, policy=CompactionPolicy(background=False, keep_last=0))

@@ -1,0 +1,105 @@
+"""A hostile operator against `ckptfs mirror` / `ckptfs restore`, through the real executable:
+unreadable files where a run's newest point is, damaged points in a mirror, restores killed
+mid-copy."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from test_cli_commands import cli
+from test_mirror import POLICY, work
+
+from ckptfs import CheckpointStore
+
+
+def _newest_log(root: Path, run_id: str) -> Path:
+    return sorted((root / "runs" / run_id / "log").iterdir())[-1]
+
+
+def _hostile(path: Path, kind: str, tmp_path: Path) -> None:
+    """Replace `path` by a link to its own bytes outside the store, or by a FIFO."""
+    if kind == "symlink":
+        outside = tmp_path / f"outside-{path.name}"
+        shutil.move(path, outside)
+        path.symlink_to(outside)
+    else:
+        path.unlink()
+        os.mkfifo(path)
+
+
+@pytest.mark.parametrize("side", ["source", "mirror"])
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_an_unreadable_newest_file_of_one_run_does_not_stop_the_pass(
+        side: str, kind: str, tmp_path: Path) -> None:
+    """The newest file of run `a` became a link out of the store (or a FIFO), at the source or
+    in the mirror. The check that the mirror's newest point is the source's read it, and the
+    refusal escaped the pass: `ckptfs mirror` printed one line "corrupt: ...", exit 1, no
+    table, and run `b`, new since the last pass, was never mirrored, on every pass. Now the
+    run is `incomplete`, naming the file; the others are mirrored."""
+    src, dst = tmp_path / "src", tmp_path / "mirror"
+    work(CheckpointStore(str(src), policy=POLICY, artifact_threshold=1024), "a", 8)
+    code, out, err = cli("mirror", str(src), str(dst), "--once", "--no-progress")
+    assert code == 0, (out, err)
+    work(CheckpointStore(str(src), policy=POLICY, artifact_threshold=1024), "b", 5)
+    root = src if side == "source" else dst
+    target = _newest_log(root, "a")
+    _hostile(target, kind, tmp_path)
+    code, out, err = cli("mirror", str(src), str(dst), "--once", "--no-progress", "--json",
+                         timeout=30)
+    doc = json.loads(out)
+    assert code == 1, (out, err)
+    runs = {r["run_id"]: r for r in doc["runs"]}  # was: no runs at all, one "corrupt" error
+    assert runs["b"]["status"] == "mirrored", runs
+    assert runs["a"]["status"] == "incomplete", runs["a"]
+    error = runs["a"]["error"]
+    assert target.name in error and ("link" in error or "FIFO" in error), error
+    assert CheckpointStore(str(dst)).load_run("b") == CheckpointStore(str(src)).load_run("b")
+    assert os.path.islink(target) or target.is_fifo()  # never replaced, never followed
+
+
+def test_a_damaged_newest_file_at_the_source_is_named_not_called_another_history(
+        tmp_path: Path) -> None:
+    """A bit flipped in the source's newest record, which the mirror holds intact: the pass
+    said "conflict: the mirror holds a different file under this name (another store's history
+    of run?)", sending the operator after a second store that does not exist. The source's
+    file is the one that does not decode: the run is incomplete and the message says so."""
+    src, dst = tmp_path / "src", tmp_path / "mirror"
+    work(CheckpointStore(str(src), policy=POLICY, artifact_threshold=1024), "a", 8)
+    assert cli("mirror", str(src), str(dst), "--once", "--no-progress")[0] == 0
+    target = _newest_log(src, "a")
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    target.write_bytes(bytes(data))
+    code, out, err = cli("mirror", str(src), str(dst), "--once", "--no-progress", "--json")
+    assert code == 1, (out, err)
+    (run,) = json.loads(out)["runs"]
+    assert run["status"] == "incomplete", run
+    assert "source" in run["error"] and target.name in run["error"], run["error"]
+    assert "another store" not in run["error"]
+    mirrored = (dst / target.relative_to(src)).read_bytes()
+    assert mirrored != bytes(data)  # the mirror's intact copy is untouched
+
+
+def test_a_damaged_newest_file_in_the_mirror_is_named_not_called_another_history(
+        tmp_path: Path) -> None:
+    """The same flip in the mirror's copy: "conflict ... another store's history?" too. It is
+    the mirror's file that does not decode; the run is incomplete, the file left for verify."""
+    src, dst = tmp_path / "src", tmp_path / "mirror"
+    work(CheckpointStore(str(src), policy=POLICY, artifact_threshold=1024), "a", 8)
+    assert cli("mirror", str(src), str(dst), "--once", "--no-progress")[0] == 0
+    target = _newest_log(dst, "a")
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    target.write_bytes(bytes(data))
+    code, out, err = cli("mirror", str(src), str(dst), "--once", "--no-progress", "--json")
+    assert code == 1, (out, err)
+    (run,) = json.loads(out)["runs"]
+    assert run["status"] == "incomplete", run
+    assert "mirror's file does not decode" in run["error"] and target.name in run["error"], run
+    assert target.read_bytes() == bytes(data)  # never overwritten
+    code, out, err = cli("verify", str(dst), "--json")
+    assert code == 1 and target.name in out
