@@ -103,3 +103,31 @@ def test_a_damaged_newest_file_in_the_mirror_is_named_not_called_another_history
     assert target.read_bytes() == bytes(data)  # never overwritten
     code, out, err = cli("verify", str(dst), "--json")
     assert code == 1 and target.name in out
+
+
+@pytest.mark.parametrize("damage", ["flip", "symlink", "fifo"])
+def test_a_restore_that_falls_back_past_the_mirrors_newest_point_says_so(
+        damage: str, tmp_path: Path) -> None:
+    """The mirror's newest record damaged (a flipped bit, a link out of the store, a FIFO):
+    `ckptfs restore` restored the version before it, "restored", the note column empty, exit
+    0, with one WARNING among the progress lines: the agent resumed a version short and paid
+    again, and nothing in the report said the mirror held more. The fallback is in the note."""
+    src, dst, out_dir = tmp_path / "src", tmp_path / "mirror", tmp_path / "restored"
+    work(CheckpointStore(str(src), policy=POLICY, artifact_threshold=1024), "a", 8)
+    assert cli("mirror", str(src), str(dst), "--once", "--no-progress")[0] == 0
+    target = _newest_log(dst, "a")
+    newest = int(target.stem)
+    if damage == "flip":
+        data = bytearray(target.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        target.write_bytes(bytes(data))
+    else:
+        _hostile(target, damage, tmp_path)
+    code, out, err = cli("restore", str(dst), str(out_dir), "--no-progress", "--json", timeout=30)
+    assert code == 0, (out, err)
+    (run,) = json.loads(out)["runs"]
+    assert run["status"] == "restored" and run["version"] == newest - 1, run
+    note = "; ".join(run["notes"])
+    assert f"v{newest}" in note and target.name in note, run  # was: no note at all
+    got = CheckpointStore(str(out_dir)).load_run("a")
+    assert got == CheckpointStore(str(src)).load_run("a", version=newest - 1)

@@ -36,7 +36,7 @@ from ckptfs.replication.copy import (
     run_ids,
 )
 from ckptfs.replication.mirror import Mirror
-from ckptfs.replication.plan import RunReader, name_path, plan, run_files
+from ckptfs.replication.plan import RunReader, chain_end, name_path, plan, run_files
 from ckptfs.replication.report import LANGGRAPH_ENTRY, NoProgress, Progress, RestoreReport, RunResult
 from ckptfs.storage.base import TEMP_MARKER, Capabilities, Keys, Storage, check_key
 from ckptfs.storage.local import LocalStorage
@@ -244,6 +244,13 @@ def _restore_point(m: Mirror, run_id: str, files: list[RunFile], version: int | 
             res.error = f"the mirror holds files of run {run_id!r} but no loadable chain"
         res.missing = reader.problems
         return res
+    named = chain_end(name_path(files))
+    if version is None and chain.version < named:
+        # the plan skipped the newest point's damaged or unreadable files: "restored" one
+        # version short, the note column empty, exit 0, the agent resuming to pay again
+        why = "; ".join(reader.problems[:3]) or "it does not load"
+        res.notes.append(f"the mirror's newest point v{named} does not load ({why}); "
+                         f"restored v{chain.version}")
     dst_files, dst_keys = run_files(m.dst, run_id)
     with Stage(staging_dir) as stage:
         # Stage: the chain's files and every artifact it references, each verified by sha256.
