@@ -131,3 +131,74 @@ def test_a_restore_that_falls_back_past_the_mirrors_newest_point_says_so(
     assert f"v{newest}" in note and target.name in note, run  # was: no note at all
     got = CheckpointStore(str(out_dir)).load_run("a")
     assert got == CheckpointStore(str(src)).load_run("a", version=newest - 1)
+
+
+def _big_store(root: Path, run_id: str) -> CheckpointStore:
+    """A run whose results include artifacts over restore's single-GET size (staged on disk)."""
+    from ckptfs import AgentRun, Step, StepStatus
+
+    store = CheckpointStore(str(root))
+    run = AgentRun(run_id=run_id, goal="g", created_at=0.0, updated_at=0.0)
+    for i in range(12):
+        run.add_step(Step(id=f"s{i:02d}", title=f"s{i}"))
+    store.save_run(run)
+    for i in range(12):
+        step = run.steps[f"s{i:02d}"]
+        size = 9 * 1024 * 1024 if i % 4 == 3 else 200_000  # 3 staged on disk, 9 in memory
+        step.status, step.result = StepStatus.COMPLETED, os.urandom(size // 2).hex()
+        store.commit(run, [step])
+    return store
+
+
+def _staged(tmp: Path) -> list[Path]:
+    return [p for p in tmp.iterdir() if p.name.startswith("ckptfs-")]  # any prefix of ours
+
+
+def test_a_restore_killed_while_staging_leaves_no_staged_copy_behind_after_the_rerun(
+        tmp_path: Path) -> None:
+    """SIGKILL `ckptfs restore` while it stages a run's big artifacts in the temporary
+    directory: every kill left that staging directory behind (27 MB each here; a whole run's
+    big artifacts in general), and nothing ever removed it, so an operator retrying a restore
+    that keeps being killed (OOM, a deploy) filled /tmp. Each kill leaves the destination as
+    nothing that loads (never a wrong state); the rerun converges, verifies clean, loads the
+    source's state, and removes the staging copies of restores that are dead."""
+    import signal
+    import subprocess
+    import time
+
+    from test_cli_commands import CLI
+
+    from ckptfs import CheckpointCorruptError
+
+    src, dst, tmp = tmp_path / "src", tmp_path / "restored", tmp_path / "tmp"
+    tmp.mkdir()
+    source = _big_store(src, "big")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("CKPTFS_")},
+           "TMPDIR": str(tmp)}
+    kills = 0
+    for _ in range(3):
+        proc = subprocess.Popen([CLI, "restore", str(src), str(dst), "--no-progress"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                cwd=str(tmp_path))
+        before = set(_staged(tmp))
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline and not any(
+                any(p.rglob("*")) for p in set(_staged(tmp)) - before if p.is_dir()):
+            time.sleep(0.001)  # until this restore has staged something on disk
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.wait()
+        assert len(_staged(tmp)) <= 1, sorted(p.name for p in _staged(tmp))  # was: one per kill
+        if dst.exists():  # nothing half-written loads as a wrong state
+            try:
+                got = CheckpointStore(str(dst)).load_run("big")
+            except CheckpointCorruptError:
+                got = None
+            assert got is None or got == source.load_run("big")
+    assert kills >= 2
+    code, out, err = cli("restore", str(src), str(dst), "--no-progress", env={"TMPDIR": str(tmp)})
+    assert code == 0, (out, err)
+    assert cli("verify", str(dst), "--data")[0] == 0
+    assert CheckpointStore(str(dst)).load_run("big") == source.load_run("big")
+    assert _staged(tmp) == []

@@ -4,9 +4,12 @@ the safe order (artifacts, records, the snapshot last) into a fresh URL."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import io
 import logging
+import os
+import shutil
 import tempfile
 import threading
 import time
@@ -365,6 +368,38 @@ def stage_artifact(src: Storage, stage: Storage, ref: ArtifactRef) -> None:
         raise CopyMissing(f"{ref.uri}: mirror copy does not match its sha256")
 
 
+STAGE_PREFIX = "ckptfs-stage-"
+
+
+def sweep_stale_stages(parent: str, keep: str) -> None:
+    """Remove staging directories under `parent` whose restore is gone: ours by name, a real
+    directory (never a link), and nobody holds its flock. Best effort: a stage another user's
+    restore left, or one that cannot be removed, stays."""
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(STAGE_PREFIX)]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(parent, name)
+        if path == keep:
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            if os.fstat(fd).st_uid != os.getuid():
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # held: a restore under way
+        else:
+            logger.info("removing %s, the staging copy of a restore that died", path)
+            shutil.rmtree(path, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+
 class Stage(Storage):
     """Where a restore holds what it fetched until the run verifies: memory, big files on disk.
 
@@ -381,6 +416,7 @@ class Stage(Storage):
         self._mem: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._held: int | None = None
         self._disk: LocalStorage | None = None
 
     def __enter__(self) -> Stage:
@@ -390,11 +426,19 @@ class Stage(Storage):
         self._mem.clear()
         if self._tmp is not None:
             self._tmp.cleanup()
+        if self._held is not None:
+            os.close(self._held)
 
     def _spill(self) -> LocalStorage:
         with self._lock:
             if self._disk is None:
-                self._tmp = tempfile.TemporaryDirectory(prefix="ckptfs-restore-", dir=self._staging_dir)
+                self._tmp = tempfile.TemporaryDirectory(prefix=STAGE_PREFIX, dir=self._staging_dir)
+                # held with flock while it is in use: the kernel lets go of it when the process
+                # dies, SIGKILL included, so the next restore knows a dead one's copy (a whole
+                # run's big artifacts, left in /tmp by every kill) and removes it
+                self._held = os.open(self._tmp.name, os.O_RDONLY | os.O_DIRECTORY)
+                fcntl.flock(self._held, fcntl.LOCK_EX)
+                sweep_stale_stages(os.path.dirname(self._tmp.name), keep=self._tmp.name)
                 self._disk = LocalStorage(self._tmp.name, self._tmp.name, {"fsync": False})
             return self._disk
 
