@@ -202,3 +202,39 @@ def test_a_restore_killed_while_staging_leaves_no_staged_copy_behind_after_the_r
     assert cli("verify", str(dst), "--data")[0] == 0
     assert CheckpointStore(str(dst)).load_run("big") == source.load_run("big")
     assert _staged(tmp) == []
+
+
+@pytest.mark.parametrize("due", [[], ["--latest"]])
+def test_a_mirror_ahead_of_the_source_is_a_conflict_not_not_due(due: list[str],
+                                                               tmp_path: Path) -> None:
+    """The run restored from the mirror and continued elsewhere (r), mirrored back, and then
+    the original machine (a), not lost after all, went on too: its run is at v23, the mirror's
+    at v33 of r's history. The check of the mirror's point reads only a key the source holds,
+    and v33's it does not: `ckptfs mirror a M` said "not-due, -10 new version(s)", exit 0, on
+    every pass; with --latest it copied a's point into the mirror ("mirrored 23", exit 0), where
+    --keep-last deleted it again in the same pass, the mirror a mix of two histories. A mirror
+    never holds versions past its source's newest: that run is a conflict, nothing written."""
+    a, m, r = tmp_path / "a", tmp_path / "mirror", tmp_path / "r"
+    work(CheckpointStore(str(a), policy=POLICY, artifact_threshold=1024), "shared", 40,
+         stop_after=10)
+    assert cli("mirror", str(a), str(m), "--once", "--no-progress", "--keep-last", "2")[0] == 0
+    assert cli("restore", str(m), str(r), "--no-progress")[0] == 0
+    work(CheckpointStore(str(r), policy=POLICY, artifact_threshold=1024), "shared", 40,
+         stop_after=5)
+    code, out, err = cli("mirror", str(r), str(m), "--once", "--no-progress", "--keep-last", "2")
+    assert code == 0, (out, err)
+    work(CheckpointStore(str(a), policy=POLICY, artifact_threshold=1024), "shared", 40,
+         stop_after=1)
+    before = {p: p.read_bytes() for p in m.rglob("*") if p.is_file()}
+    mirrored = CheckpointStore(str(m)).load_run("shared")
+    for _ in range(2):
+        code, out, err = cli("mirror", str(a), str(m), "--once", "--no-progress", "--keep-last",
+                             "2", "--json", *due)
+        (run,) = json.loads(out)["runs"]
+        assert code == 1, (out, err)
+        assert run["status"] == "conflict", run  # was not-due (or mirrored), exit 0
+        assert "past the source's newest" in run["error"], run["error"]
+    assert {p: p.read_bytes() for p in m.rglob("*") if p.is_file()} == before
+    assert CheckpointStore(str(m)).load_run("shared") == mirrored
+    assert cli("verify", str(m))[0] == 0
+    assert cli("mirror", str(r), str(m), "--once", "--no-progress")[0] == 0  # r's own: fine

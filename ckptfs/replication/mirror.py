@@ -25,7 +25,10 @@ on keys the destination listing shows, i.e. on re-runs). A different file at the
 another lineage (a run restored and continued elsewhere): reported as a conflict, never
 overwritten. The mirror's newest file of a run is compared with the source's on every pass,
 due or not (a MirrorJob reads it from the mirror once), so a mirror holding another store's
-history is a conflict at once, not "not-due" until the run is due. An upload counts once
+history is a conflict at once, not "not-due" until the run is due; so is a mirror holding a
+run past the source's newest version (no copy of this source: nothing there to compare). A
+mirror's point the source has since pruned cannot be compared at all: a store whose own history
+of the run is pruned past the other's point is not told apart (no lineage in the files). An upload counts once
 verified: the returned ETag equals the body's MD5 (S3 single-part) or sha256 (memory), else
 the stored size is read back.
 
@@ -199,6 +202,18 @@ class Mirror:
         previous = chain_end(dst_chain)
         res = RunResult(run_id, "mirrored", previous=previous, source_version=head)
         last = dst_chain[-1].key if dst_chain else ""
+        if previous > head and not (run_id in self.twins and not self._names_run(last, run_id)):
+            # Versions past the source's newest are no copy of it: the run restored from the
+            # mirror and continued elsewhere, mirrored here, while this store went on too. The
+            # pass said "not-due, -10 new version(s)", exit 0, on every pass (its newest file
+            # is no key the source holds, so it was never compared); with --latest it copied
+            # this store's point among the other's and --keep-last deleted it again.
+            res.status, res.version = "conflict", previous
+            res.error = (f"{last}: the mirror holds run {run_id!r} up to v{previous}, past the "
+                         f"source's newest v{head} (another store's history of the run, or "
+                         f"versions lost at the source); never overwritten")
+            res.missing = [res.error]
+            return res
         if dst_chain and (previous >= head or run_id in self.twins or last in src_keys):
             # The point is checked even when it is behind, not-due or not: the source moved
             # 3 versions past a mirror holding another store's v5 of the run, and the pass said
