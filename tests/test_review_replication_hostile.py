@@ -238,3 +238,28 @@ def test_a_mirror_ahead_of_the_source_is_a_conflict_not_not_due(due: list[str],
     assert CheckpointStore(str(m)).load_run("shared") == mirrored
     assert cli("verify", str(m))[0] == 0
     assert cli("mirror", str(r), str(m), "--once", "--no-progress")[0] == 0  # r's own: fine
+
+
+@pytest.mark.parametrize("command", ["mirror", "restore"])
+def test_a_directory_at_an_artifact_key_of_the_destination_is_named_not_blamed_on_the_source(
+        command: str, tmp_path: Path) -> None:
+    """A directory where the destination should receive an artifact: the exclusive create met
+    it, the check of the upload found no object there, and the report said "referenced
+    artifact is missing at the source", of a source that holds it intact (`verify --data`
+    clean). The destination's side is named, with what is in the way."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    work(CheckpointStore(str(src), policy=POLICY, artifact_threshold=1024), "a", 8)
+    if command == "restore":  # restore from a mirror of it
+        mirror_dir, src = src, tmp_path / "mirror"
+        assert cli("mirror", str(mirror_dir), str(src), "--once", "--no-progress")[0] == 0
+    art = sorted((src / "artifacts").rglob("*"))[-1]
+    assert art.is_file()
+    (dst / art.relative_to(src)).mkdir(parents=True)
+    args = ["--once"] if command == "mirror" else []
+    code, out, err = cli(command, str(src), str(dst), *args, "--no-progress", "--json")
+    assert code == 1, (out, err)
+    (run,) = json.loads(out)["runs"]
+    assert run["status"] in ("incomplete", "failed"), run
+    assert "missing at the source" not in run["error"], run["error"]
+    assert art.name in run["error"] and "directory" in run["error"], run["error"]
+    assert cli("verify", str(src), "--data")[0] == 0

@@ -71,10 +71,20 @@ class Copier:
         except FileNotFoundError:
             return False
 
+    def _stored_size(self, key: str) -> int:
+        try:
+            return self.dst.size(key)
+        except FileNotFoundError as exc:
+            # the destination's side, named: a directory at the key met the exclusive create,
+            # and this was reported as "referenced artifact is missing at the source"
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "nothing there"
+            raise CopyMissing(f"{key}: upload did not verify: the destination holds no object "
+                              f"there ({why})") from None
+
     def _check_upload(self, key: str, data: bytes, etag: str) -> None:
         ok = verify_etag(etag, data)
         if ok is None:
-            ok = self.dst.size(key) == len(data)
+            ok = self._stored_size(key) == len(data)
         if not ok:
             raise CopyMissing(f"{key}: upload did not verify (stored object differs from what was sent)")
 
@@ -156,7 +166,7 @@ class Copier:
             spool.seek(0)
             with contextlib.suppress(FileExistsError):
                 self.dst.put_stream(ref.uri, spool, exclusive=not replace)
-        if self.dst.size(ref.uri) != ref.size:
+        if self._stored_size(ref.uri) != ref.size:
             raise CopyMissing(f"{ref.uri}: upload did not verify (size differs)")
 
 
