@@ -263,3 +263,21 @@ def test_a_directory_at_an_artifact_key_of_the_destination_is_named_not_blamed_o
     assert "missing at the source" not in run["error"], run["error"]
     assert art.name in run["error"] and "directory" in run["error"], run["error"]
     assert cli("verify", str(src), "--data")[0] == 0
+
+
+def test_garbage_past_the_mirrors_newest_point_is_named_as_damage(tmp_path: Path) -> None:
+    """Garbage bytes under the next version's name in the mirror (v26 beside the source's v25):
+    the pass said "not-due" exit 0 (or, once a mirror ahead was a conflict, called it another
+    store's history). It is the mirror's file that does not decode: incomplete, named, kept."""
+    src, dst = tmp_path / "src", tmp_path / "mirror"
+    work(CheckpointStore(str(src), policy=POLICY, artifact_threshold=1024), "a", 8)
+    assert cli("mirror", str(src), str(dst), "--once", "--no-progress")[0] == 0
+    newest = _newest_log(dst, "a")
+    junk = newest.with_name(f"{int(newest.stem) + 1:012d}.ckpt")
+    junk.write_bytes(b"garbage\n")
+    code, out, err = cli("mirror", str(src), str(dst), "--once", "--no-progress", "--json")
+    assert code == 1, (out, err)
+    (run,) = json.loads(out)["runs"]
+    assert run["status"] == "incomplete", run
+    assert junk.name in run["error"] and "mirror's file does not decode" in run["error"], run
+    assert junk.read_bytes() == b"garbage\n"

@@ -208,6 +208,16 @@ class Mirror:
             # pass said "not-due, -10 new version(s)", exit 0, on every pass (its newest file
             # is no key the source holds, so it was never compared); with --latest it copied
             # this store's point among the other's and --keep-last deleted it again.
+            try:
+                decode_run_file(self.dst.get(last), dst_chain[-1], run_id)
+            except MisplacedFileError:
+                pass  # whole, another run's: a conflict
+            except (CorruptFileError, FileNotFoundError) as exc:  # garbage there: damage
+                res.status, res.version = "incomplete", previous
+                res.error = (f"{last}: the mirror's file does not decode ({exc}); never overwritten, "
+                             "see `ckptfs verify`")
+                res.missing = [res.error]
+                return res
             res.status, res.version = "conflict", previous
             res.error = (f"{last}: the mirror holds run {run_id!r} up to v{previous}, past the "
                          f"source's newest v{head} (another store's history of the run, or "
