@@ -202,7 +202,7 @@ class Mirror:
         previous = chain_end(dst_chain)
         res = RunResult(run_id, "mirrored", previous=previous, source_version=head)
         last = dst_chain[-1].key if dst_chain else ""
-        if previous > head and not (run_id in self.twins and not self._names_run(last, run_id)):
+        if dst_chain and previous > head and not (run_id in self.twins and not self._names_run(last, run_id)):
             # Versions past the source's newest are no copy of it: the run restored from the
             # mirror and continued elsewhere, mirrored here, while this store went on too. The
             # pass said "not-due, -10 new version(s)", exit 0, on every pass (its newest file

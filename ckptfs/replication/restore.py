@@ -369,6 +369,7 @@ def stage_artifact(src: Storage, stage: Storage, ref: ArtifactRef) -> None:
 
 
 STAGE_PREFIX = "ckptfs-stage-"
+NEW_STAGE_PREFIX = "ckptfs-new-stage-"  # not yet locked: never swept
 
 
 def sweep_stale_stages(parent: str, keep: str) -> None:
@@ -415,7 +416,7 @@ class Stage(Storage):
         self._staging_dir = staging_dir
         self._mem: dict[str, bytes] = {}
         self._lock = threading.Lock()
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self._dir: str | None = None
         self._held: int | None = None
         self._disk: LocalStorage | None = None
 
@@ -424,22 +425,30 @@ class Stage(Storage):
 
     def __exit__(self, *exc: object) -> None:
         self._mem.clear()
-        if self._tmp is not None:
-            self._tmp.cleanup()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
         if self._held is not None:
             os.close(self._held)
 
     def _spill(self) -> LocalStorage:
         with self._lock:
             if self._disk is None:
-                self._tmp = tempfile.TemporaryDirectory(prefix=STAGE_PREFIX, dir=self._staging_dir)
                 # held with flock while it is in use: the kernel lets go of it when the process
                 # dies, SIGKILL included, so the next restore knows a dead one's copy (a whole
-                # run's big artifacts, left in /tmp by every kill) and removes it
-                self._held = os.open(self._tmp.name, os.O_RDONLY | os.O_DIRECTORY)
+                # run's big artifacts, left in /tmp by every kill) and removes it. It is made
+                # under another prefix and renamed once locked: between a mkdtemp and its flock
+                # another restore's sweep took it for a dead one's and removed it
+                made = tempfile.mkdtemp(prefix=NEW_STAGE_PREFIX, dir=self._staging_dir)
+                self._held = os.open(made, os.O_RDONLY | os.O_DIRECTORY)
                 fcntl.flock(self._held, fcntl.LOCK_EX)
-                sweep_stale_stages(os.path.dirname(self._tmp.name), keep=self._tmp.name)
-                self._disk = LocalStorage(self._tmp.name, self._tmp.name, {"fsync": False})
+                parent, name = os.path.split(made)
+                self._dir = os.path.join(parent, STAGE_PREFIX + name[len(NEW_STAGE_PREFIX):])
+                try:
+                    os.rename(made, self._dir)
+                except OSError:
+                    self._dir = made  # used where it is; only never swept
+                sweep_stale_stages(parent, keep=self._dir)
+                self._disk = LocalStorage(self._dir, self._dir, {"fsync": False})
             return self._disk
 
     def _on_disk(self, key: str) -> bool:
