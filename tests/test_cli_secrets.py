@@ -159,11 +159,12 @@ def _write_config_files(w: World) -> None:
 
 
 # (channel, level) -> the commands run so; -vvv is the widest net (every logger at DEBUG, through
-# the filter), so it runs everything; -v and -vv (ckptfs's loggers only) a command of each kind.
+# the filter), so it runs everything; -v (ckptfs's loggers only) a command of each kind; -vv with
+# every command and channel is test_secrets_verbose.py's.
 EVERY = None
 SOME = {"runs", "mirror", "restore", "runs (missing bucket)"}
 MATRIX: dict[tuple[str, str], set[str] | None] = {
-    ("options", ""): EVERY, ("options", "-v"): SOME, ("options", "-vv"): SOME, ("options", "-vvv"): EVERY,
+    ("options", ""): EVERY, ("options", "-v"): SOME, ("options", "-vvv"): EVERY,
     ("aws-env", ""): {"runs (missing bucket)", "mirror (missing bucket)"}, ("aws-env", "-vvv"): EVERY,
     ("profile", "-vvv"): {"runs", "show", "verify", "mirror", "restore", "config show --check"},
     ("config-secret", ""): {"runs"}, ("config-secret", "-vvv"): {"runs"},

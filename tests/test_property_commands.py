@@ -83,7 +83,7 @@ THRESHOLD = 64 * 1024  # README: values over 64 KiB go to artifacts/ by content
 BIG = THRESHOLD + 4096
 SHARED_BIG = ("A" * BIG, "B" * BIG)  # the same bytes in several steps: stored once
 RESUMABLE = frozenset({"running", "paused", "failed"})  # README: find_resumable_runs, `runs`
-LOCAL_EXAMPLES, S3_EXAMPLES = 20, 6
+LOCAL_EXAMPLES, S3_EXAMPLES = 14, 4  # beside the explicit cases below; derandomized
 TestFn = TypeVar("TestFn", bound=Callable[..., None])
 
 # ------------------------------------------------------------------------ the histories
