@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfs.errors import NonFiniteValueError, RunStoppedError, UnstorableValueError
+from ckptfs.errors import NonFiniteValueError, RunStoppedError, UnstorableValueError, error_text
 from ckptfs.format import codec
 from ckptfs.format.models import AgentRun, Step, StepStatus, ToolCall
 from ckptfs.runtime.policy import CheckpointPolicy, RetryPolicy
@@ -158,9 +158,14 @@ def complete_step(step: Step, out: Any, run_id: str | None = None) -> None:
     """
     try:
         result, tokens, cost = unpack_output(out)
-    except (TypeError, ValueError, OverflowError) as exc:  # int(nan), float("x"), int(inf)
+    except Exception as exc:  # int(nan), float("x"), int(inf); str(out) where __str__ raises
+        what = "tokens or cost_usd" if isinstance(out, StepResult) else f"str() of the {type(out).__name__}"
         raise UnstorableValueError(run_id, step.id, "executor output",
-                                   f"tokens or cost_usd unreadable: {type(exc).__name__}: {exc}") from None
+                                   f"{what} unreadable: {error_text(exc)}") from None
+    if not isinstance(result, str):  # StepResult(None), StepResult(42): result.isascii() below
+        # raised AttributeError out of execute_run, the run left "running", no step named
+        raise UnstorableValueError(run_id, step.id, "executor output",
+                                   f"StepResult.result must be a str, got {type(result).__name__}")
     if not result.isascii():
         try:
             result.encode()

@@ -1,0 +1,49 @@
+"""A hostile user of the agent runtime: executors, tools and resumes fed what they should refuse.
+
+Each test is a broken promise found by review: a crash from inside ckptfs instead of the clear
+error the README promises, or a run whose acknowledged state a later call replaced.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckptfs import CheckpointedAgent, CheckpointStore, RunStoppedError, Step, StepResult, StepStatus
+
+
+def _agent(tmp_path: Path) -> tuple[CheckpointStore, CheckpointedAgent]:
+    store = CheckpointStore(str(tmp_path / "store"))
+    return store, CheckpointedAgent(store)
+
+
+class _Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ of the output raised")
+
+
+_OUTPUTS = [StepResult(None), StepResult(42), _Unprintable()]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("output", _OUTPUTS, ids=["StepResult(None)", "StepResult(42)", "str-raises"])
+def test_an_output_with_no_text_stops_the_run_by_name_not_with_attributeerror(tmp_path: Path,
+                                                                              output: Any) -> None:
+    """`StepResult(out.get("summary"))` with no summary, or an int, raised AttributeError
+    ('NoneType' object has no attribute 'isascii') out of execute_run, and an output whose
+    __str__ raises leaked its error: the run was left "running", nothing said which step or field.
+    Now it is refused as any output the store cannot keep: RunStoppedError naming the step and
+    the result, the step back to PENDING, and a resume completes it."""
+    store, agent = _agent(tmp_path)
+    run = agent.start_run("g", [Step(id="a", title="a")], run_id="r")
+    refused = r"step 'a' returned an output the store cannot keep \(executor output: "
+    with pytest.raises(RunStoppedError, match=refused):
+        agent.execute_run(run, lambda step, prior: output)
+    stored = CheckpointStore(str(tmp_path / "store")).load_run("r")
+    assert stored is not None and stored.status == "failed"
+    assert stored.steps["a"].status == StepStatus.PENDING
+    again = agent.resume_run("r")
+    assert again is not None
+    agent.execute_run(again, lambda step, prior: "fine")
+    assert store.load_run("r").steps["a"].result == "fine"  # type: ignore[union-attr]
