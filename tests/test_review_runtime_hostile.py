@@ -6,12 +6,21 @@ error the README promises, or a run whose acknowledged state a later call replac
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ckptfs import CheckpointedAgent, CheckpointStore, RunStoppedError, Step, StepResult, StepStatus
+from ckptfs import (
+    CheckpointedAgent,
+    CheckpointStore,
+    RetryPolicy,
+    RunStoppedError,
+    Step,
+    StepResult,
+    StepStatus,
+)
 
 
 def _agent(tmp_path: Path) -> tuple[CheckpointStore, CheckpointedAgent]:
@@ -47,3 +56,28 @@ def test_an_output_with_no_text_stops_the_run_by_name_not_with_attributeerror(tm
     assert again is not None
     agent.execute_run(again, lambda step, prior: "fine")
     assert store.load_run("r").steps["a"].result == "fine"  # type: ignore[union-attr]
+
+
+def test_a_step_retried_past_attempt_1024_keeps_retrying_not_overflowerror() -> None:
+    """`base_delay * multiplier ** (n - 1)` is 2.0 ** 1024 at attempt 1,025: OverflowError out
+    of execute_run for a policy that retries a flaky service for long (and, in a Worker, whose n
+    is the step's lifetime attempt count, at any attempt past 1,024 across restarts). The delay
+    is capped at max_delay as it always was below that; a zero base delay stays zero."""
+    assert RetryPolicy().delay(5000) == pytest.approx(30.0, rel=0.25)
+    assert RetryPolicy(base_delay=0.0).delay(5000) == 0.0
+    store = CheckpointStore(f"memory://t-{uuid.uuid4().hex[:10]}")
+    agent = CheckpointedAgent(store, retry=RetryPolicy(max_attempts=2000, base_delay=0.0, max_delay=0.0))
+    calls = 0
+
+    def flaky(step: Step, prior: Any) -> str:
+        nonlocal calls
+        calls += 1
+        if calls < 1100:
+            raise ConnectionError("429 Too Many Requests")
+        return "done at last"
+
+    run = agent.start_run("g", [Step(id="a", title="a")], run_id="r")
+    agent.execute_run(run, flaky)
+    stored = store.load_run("r")
+    assert stored is not None and stored.status == "completed"
+    assert stored.steps["a"].result == "done at last" and stored.steps["a"].attempt_count == 1100

@@ -195,6 +195,10 @@ class RetryPolicy:
         if asked is not None:
             return min(asked, self.max_retry_after)
         n = max(failed_attempts, 1)
-        raw = min(self.max_delay, self.base_delay * self.multiplier ** (n - 1))
+        try:
+            grown = self.base_delay * self.multiplier ** (n - 1)
+        except OverflowError:  # 2.0 ** 1024, at attempt 1,025: past max_delay long before
+            grown = self.max_delay if self.base_delay > 0 else 0.0
+        raw = min(self.max_delay, grown)
         r = (rng or random).random()
         return raw * (1.0 - self.jitter * r)
