@@ -296,7 +296,7 @@ class RunStoppedError(CkptfsError):
         self.step_id = step_id
         self.attempts = attempts
         self.cause = cause
-        why = why or f"failed {attempts} time(s), last with {type(cause).__name__}: {cause}"
+        why = why or f"failed {attempts} time(s), last with {error_text(cause)}"  # a __str__ may raise
         super().__init__(
             f"run {run_id!r}: step {step_id!r} {why}. The run is stopped with its checkpoint "
             f"intact; resume_run({run_id!r}) continues at this step")

@@ -15,6 +15,7 @@ import pytest
 from ckptfs import (
     CheckpointedAgent,
     CheckpointStore,
+    RetriesExhaustedError,
     RetryPolicy,
     RunStoppedError,
     Step,
@@ -81,3 +82,34 @@ def test_a_step_retried_past_attempt_1024_keeps_retrying_not_overflowerror() -> 
     stored = store.load_run("r")
     assert stored is not None and stored.status == "completed"
     assert stored.steps["a"].result == "done at last" and stored.steps["a"].attempt_count == 1100
+
+
+class _MuteError(ConnectionError):
+    """An error whose message cannot be read (a client library's broken __str__)."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ of the error raised")
+
+
+def test_retries_exhausted_on_an_error_whose_str_raises_stops_the_run_with_its_checkpoint(
+        tmp_path: Path) -> None:
+    """The step's error was kept (error_text reads around a raising __str__), but
+    RetriesExhaustedError formatted the cause with a bare `{cause}`: the RuntimeError from its
+    __str__ escaped execute_run instead, and the stop (run "failed", metadata["stopped"]) was
+    never committed. Now it is RetriesExhaustedError naming the step and the error's type."""
+    store = CheckpointStore(str(tmp_path / "store"))
+    agent = CheckpointedAgent(store, retry=RetryPolicy(max_attempts=2, base_delay=0.0))
+
+    def tool(**kw: Any) -> str:
+        raise _MuteError()
+
+    def executor(step: Step, prior: Any) -> str:
+        return str(agent.tools().run("fetch", {"url": "https://example.com"}, tool))
+
+    run = agent.start_run("g", [Step(id="a", title="a")], run_id="r")
+    with pytest.raises(RetriesExhaustedError, match=r"step 'a' failed 2 time\(s\), last with _MuteError"):
+        agent.execute_run(run, executor)
+    stored = CheckpointStore(str(tmp_path / "store")).load_run("r")
+    assert stored is not None and stored.status == "failed"
+    assert stored.metadata["stopped"]["step_id"] == "a"
+    assert stored.steps["a"].status == StepStatus.PENDING and stored.steps["a"].attempt_count == 2
