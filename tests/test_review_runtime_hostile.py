@@ -113,3 +113,25 @@ def test_retries_exhausted_on_an_error_whose_str_raises_stops_the_run_with_its_c
     assert stored is not None and stored.status == "failed"
     assert stored.metadata["stopped"]["step_id"] == "a"
     assert stored.steps["a"].status == StepStatus.PENDING and stored.steps["a"].attempt_count == 2
+
+
+def test_start_run_with_the_id_of_a_stored_run_refuses_instead_of_replacing_it(tmp_path: Path) -> None:
+    """A script run twice with a fixed run_id (the README's `run_id="papers"`), or started where
+    it should have resumed: `start_run` saved the new run over the stored one, so its next load
+    returned the new goal and steps, every acknowledged completion gone from the newest version
+    (and the new steps of the same ids were served the old run's tool results). Now it is a
+    ValueError saying to resume, with nothing written."""
+    store, agent = _agent(tmp_path)
+    run = agent.start_run("summarise 3 papers", [Step(id="a", title="a"), Step(id="b", title="b")],
+                          run_id="papers")
+    agent.execute_run(run, lambda step, prior: f"summary of {step.id}")
+    versions = store.list_versions("papers")
+    again = CheckpointedAgent(CheckpointStore(str(tmp_path / "store")))
+    with pytest.raises(ValueError, match=r"run 'papers' is already stored.*resume_run\('papers'\)"):
+        again.start_run("something else", [Step(id="a", title="a")], run_id="papers")
+    fresh = CheckpointStore(str(tmp_path / "store"))
+    stored = fresh.load_run("papers")
+    assert stored is not None and stored.goal == "summarise 3 papers" and stored.status == "completed"
+    assert [s.result for s in stored.steps.values()] == ["summary of a", "summary of b"]
+    assert fresh.list_versions("papers") == versions
+

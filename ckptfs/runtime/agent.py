@@ -112,10 +112,18 @@ class CheckpointedAgent:
             if step.id in run.steps:
                 raise ValueError(f"start_run: step id {step.id!r} appears twice")
             run.add_step(step)
+        if run_id is not None:  # saved over a stored run, its acknowledged steps were replaced
+            self._require_new(run_id, "start_run: run")
         self.store.save_run(run)
         self._known.add(run.run_id)
         logger.info("started run %s with %d steps: %s", run.run_id, len(steps), goal[:80])
         return run
+
+    def _require_new(self, run_id: str, what: str) -> None:
+        """ValueError unless nothing is stored under `run_id` (a new run must not replace one)."""
+        if self.store.load_run(run_id) is not None:
+            raise ValueError(f"{what} {run_id!r} is already stored; continue it with "
+                             f"agent.resume_run({run_id!r}), or give the new run another id")
 
     def resume_run(self, run_id: str, strategy: str = "exact", *,
                    validator: Callable[[Step], bool] | None = None, retry_failed: bool = False,
