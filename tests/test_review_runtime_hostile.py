@@ -135,3 +135,22 @@ def test_start_run_with_the_id_of_a_stored_run_refuses_instead_of_replacing_it(t
     assert [s.result for s in stored.steps.values()] == ["summary of a", "summary of b"]
     assert fresh.list_versions("papers") == versions
 
+
+@pytest.mark.parametrize("target", ["other", "old"])
+def test_a_context_restart_into_a_stored_run_id_refuses_and_supersedes_nothing(tmp_path: Path,
+                                                                              target: str) -> None:
+    """`resume_run(id, "context", new_run_id=...)` saved the brief's run over whatever run was
+    stored under that id: another run ("other") lost its goal and steps, and the old run's own
+    id gave a run that was then marked superseded by itself. Now both are a ValueError before
+    anything is written; neither run changes."""
+    store, agent = _agent(tmp_path)
+    agent.start_run("the old goal", [Step(id="a", title="a")], run_id="old")
+    agent.start_run("another goal", [Step(id="z", title="z")], run_id="other")
+    before = {rid: store.list_versions(rid) for rid in ("old", "other")}
+    with pytest.raises(ValueError, match=rf"new_run_id {target!r}"):
+        agent.resume_run("old", "context", new_run_id=target)
+    fresh = CheckpointStore(str(tmp_path / "store"))
+    old, other = fresh.load_run("old"), fresh.load_run("other")
+    assert old is not None and old.status == "running" and old.goal == "the old goal"
+    assert other is not None and other.goal == "another goal" and list(other.steps) == ["z"]
+    assert {rid: fresh.list_versions(rid) for rid in ("old", "other")} == before

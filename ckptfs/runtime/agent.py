@@ -151,6 +151,11 @@ class CheckpointedAgent:
                              f"{run.metadata.get('superseded_by')!r}; resume that one")
         self._known.add(run_id)
         if strategy == "context":
+            if new_run_id == run_id:
+                raise ValueError(f"resume_run: new_run_id {new_run_id!r} is the run being resumed; "
+                                 "a context restart starts a run of another id (or None, a uuid)")
+            if new_run_id is not None:  # saved over it, another run's steps were replaced
+                self._require_new(new_run_id, "resume_run: new_run_id")
             new = context_run(run, build_brief(run), new_run_id)
             self.store.save_run(new)  # the new run first, so the old one never links to nothing
             self.store.commit(run, [])
