@@ -6,6 +6,7 @@ error the README promises, or a run whose acknowledged state a later call replac
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from pathlib import Path
 from typing import Any
@@ -154,3 +155,44 @@ def test_a_context_restart_into_a_stored_run_id_refuses_and_supersedes_nothing(t
     assert old is not None and old.status == "running" and old.goal == "the old goal"
     assert other is not None and other.goal == "another goal" and list(other.steps) == ["z"]
     assert {rid: fresh.list_versions(rid) for rid in ("old", "other")} == before
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    top: dict[str, Any] = {}
+    cur = top
+    for _ in range(depth):
+        cur["k"] = {}
+        cur = cur["k"]
+    return top
+
+
+def test_tool_arguments_nested_too_deep_for_a_record_are_refused_before_the_call(tmp_path: Path) -> None:
+    """Arguments nested 300 deep passed the check made before the call (canonical JSON allows
+    1,000 levels) but no record can hold them (pydantic serialises 254): the call was paid, its
+    record refused, and so was the `unkept` record saying it was paid, which carries the same
+    arguments. Nothing was logged, so every resume paid for the call again. Now it is the
+    TypeError "refused before the call, nothing was written" that other bad arguments get."""
+    store, agent = _agent(tmp_path)
+    paid: list[str] = []
+    seen: list[BaseException] = []
+
+    def tool(**kw: Any) -> str:
+        paid.append("call")
+        return "charged"
+
+    def executor(step: Step, prior: Any) -> str:
+        try:
+            return str(agent.tools().run("charge", {"order": _nested(300)}, tool))
+        except Exception as exc:
+            seen.append(exc)
+            raise
+
+    for _ in range(2):  # the run, then a resume of it: it paid once more each time
+        run = agent.resume_run("r") or agent.start_run("g", [Step(id="a", title="a")], run_id="r")
+        with contextlib.suppress(RunStoppedError):
+            agent.execute_run(run, executor)
+    assert paid == []
+    assert isinstance(seen[0], TypeError) and "refused before the call" in str(seen[0])
+    assert store.get_tool_call_history("r", "a") == []
+    stored = store.load_run("r")
+    assert stored is not None and stored.steps["a"].status == StepStatus.FAILED

@@ -106,6 +106,13 @@ class IdempotentToolRunner:
                              "the tool log could not store it") from None
         try:
             key = cache_key(tool_name, arguments)
+            # Nesting too deep for a record (pydantic serialises 254 levels) passes canonical
+            # JSON; after the call its record was refused, and the `unkept` one with the same
+            # arguments too: nothing said the call was paid, so every replay paid again.
+            try:
+                ToolCall(id="-", tool_name=tool_name, arguments=dict(arguments)).model_dump_json()
+            except ValueError as exc:  # pydantic's serialisation error
+                raise TypeError(f"tool arguments cannot be stored in a record ({exc})") from None
         except TypeError as exc:  # before the call: refused here, nothing is paid or written
             raise TypeError(f"tool {tool_name!r} of step {self.step_id!r}: {exc}; refused before "
                             "the call, nothing was written") from None
