@@ -196,3 +196,36 @@ def test_tool_arguments_nested_too_deep_for_a_record_are_refused_before_the_call
     assert store.get_tool_call_history("r", "a") == []
     stored = store.load_run("r")
     assert stored is not None and stored.steps["a"].status == StepStatus.FAILED
+
+
+def test_a_fuzzy_validator_that_answers_no_bool_is_a_typeerror_not_every_call_paid_again(
+        tmp_path: Path) -> None:
+    """A validator that forgets its `return` answers None, which `not validator(step)` took for
+    a rejection: every completed step went back to PENDING with its tool log fenced off, and
+    the next execute_run paid for every call of the run again. Like a guard, a validator must
+    say True or False; anything else is a TypeError naming the step and the answer, and
+    nothing is written."""
+    store, agent = _agent(tmp_path)
+    paid: list[str] = []
+
+    def executor(step: Step, prior: Any) -> str:
+        return str(agent.tools().run("fetch", {"s": step.id}, lambda **kw: paid.append(kw["s"]) or "x"))
+
+    run = agent.start_run("g", [Step(id="a", title="a"), Step(id="b", title="b", dependencies=["a"])],
+                          run_id="r")
+    agent.execute_run(run, executor)
+    versions = store.list_versions("r")
+
+    def forgot_return(step: Step) -> bool:
+        step.result == "x"  # noqa: B015 - the bug under test: no return
+        return None  # type: ignore[return-value]
+
+    with pytest.raises(TypeError, match=r"validator.*step 'a'.*None"):
+        agent.resume_run("r", "fuzzy", validator=forgot_return)
+    assert store.list_versions("r") == versions
+    again = agent.resume_run("r", "fuzzy", validator=lambda step: True)
+    assert again is not None
+    agent.execute_run(again, executor)
+    assert paid == ["a", "b"]
+    stored = store.load_run("r")
+    assert stored is not None and {s.status for s in stored.steps.values()} == {StepStatus.COMPLETED}

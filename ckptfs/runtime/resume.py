@@ -89,6 +89,16 @@ def reset_failed(run: AgentRun) -> list[Step]:
     return out
 
 
+def _verdict(validator: Callable[[Step], bool], step: Step) -> bool:
+    """The validator's answer, which must be a bool: one that forgot its `return` said None,
+    taken for a rejection, and every completed step was re-run with its paid calls fenced off."""
+    answer = validator(step)
+    if not isinstance(answer, bool):
+        raise TypeError(f"resume_run: the fuzzy validator answered step {step.id!r} with a "
+                        f"{type(answer).__name__}, not True (keep) or False (re-run); nothing was changed")
+    return answer
+
+
 def invalidate(run: AgentRun, validator: Callable[[Step], bool],
                tool_log_len: Callable[[str], int] | None = None) -> list[Step]:
     """Fuzzy resume: completed steps the validator rejects, and all steps downstream, to PENDING.
@@ -97,7 +107,7 @@ def invalidate(run: AgentRun, validator: Callable[[Step], bool],
     tools again instead of replaying what the validator just said is stale.
     """
     bad = [sid for sid, s in run.steps.items()
-           if s.status == StepStatus.COMPLETED and not validator(s)]
+           if s.status == StepStatus.COMPLETED and not _verdict(validator, s)]
     if not bad:
         return []
     changed: list[Step] = []
