@@ -23,6 +23,7 @@ from ckptfs import (
     StepResult,
     StepStatus,
 )
+from ckptfs.runtime.resume import build_brief, context_run
 
 
 def _agent(tmp_path: Path) -> tuple[CheckpointStore, CheckpointedAgent]:
@@ -229,3 +230,25 @@ def test_a_fuzzy_validator_that_answers_no_bool_is_a_typeerror_not_every_call_pa
     assert paid == ["a", "b"]
     stored = store.load_run("r")
     assert stored is not None and {s.status for s in stored.steps.values()} == {StepStatus.COMPLETED}
+
+
+def test_a_context_restart_killed_between_its_two_writes_is_finished_by_calling_it_again(
+        tmp_path: Path) -> None:
+    """A context restart writes the new run, then marks the old one superseded. Killed between
+    the two (the state built here with the same two public calls, the second never made), the
+    same `resume_run(..., new_run_id=X)` again must finish it, not refuse X as another run's:
+    X is this run's own restart (its metadata says `resumed_from`)."""
+    store, agent = _agent(tmp_path)
+    agent.start_run("the old goal", [Step(id="a", title="a"), Step(id="b", title="b")], run_id="old")
+    old = store.load_run("old")
+    assert old is not None
+    store.save_run(context_run(old, build_brief(old), "new"))  # the first write; then the kill
+    again = CheckpointedAgent(CheckpointStore(str(tmp_path / "store")))
+    new = again.resume_run("old", "context", new_run_id="new")
+    assert new is not None and new.run_id == "new" and new.metadata["resumed_from"] == "old"
+    fresh = CheckpointStore(str(tmp_path / "store"))
+    stored_old = fresh.load_run("old")
+    assert stored_old is not None and stored_old.status == "superseded"
+    assert stored_old.metadata["superseded_by"] == "new"
+    again.execute_run(new, lambda step, prior: f"done {step.id}")
+    assert fresh.load_run("new").status == "completed"  # type: ignore[union-attr]

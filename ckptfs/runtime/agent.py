@@ -65,6 +65,12 @@ logger = logging.getLogger(__name__)
 
 
 
+def _stored_already(run_id: str, what: str) -> ValueError:
+    """What a new run of a stored run's id is refused with (saved, it would replace that run)."""
+    return ValueError(f"{what} {run_id!r} is already stored; continue it with "
+                      f"agent.resume_run({run_id!r}), or give the new run another id")
+
+
 class CheckpointedAgent:
     """An agent that checkpoints its step graph as it goes and resumes from any saved state.
 
@@ -112,18 +118,13 @@ class CheckpointedAgent:
             if step.id in run.steps:
                 raise ValueError(f"start_run: step id {step.id!r} appears twice")
             run.add_step(step)
-        if run_id is not None:  # saved over a stored run, its acknowledged steps were replaced
-            self._require_new(run_id, "start_run: run")
+        # saved over a stored run, its acknowledged steps were replaced
+        if run_id is not None and self.store.load_run(run_id) is not None:
+            raise _stored_already(run_id, "start_run: run")
         self.store.save_run(run)
         self._known.add(run.run_id)
         logger.info("started run %s with %d steps: %s", run.run_id, len(steps), goal[:80])
         return run
-
-    def _require_new(self, run_id: str, what: str) -> None:
-        """ValueError unless nothing is stored under `run_id` (a new run must not replace one)."""
-        if self.store.load_run(run_id) is not None:
-            raise ValueError(f"{what} {run_id!r} is already stored; continue it with "
-                             f"agent.resume_run({run_id!r}), or give the new run another id")
 
     def resume_run(self, run_id: str, strategy: str = "exact", *,
                    validator: Callable[[Step], bool] | None = None, retry_failed: bool = False,
@@ -154,10 +155,17 @@ class CheckpointedAgent:
             if new_run_id == run_id:
                 raise ValueError(f"resume_run: new_run_id {new_run_id!r} is the run being resumed; "
                                  "a context restart starts a run of another id (or None, a uuid)")
-            if new_run_id is not None:  # saved over it, another run's steps were replaced
-                self._require_new(new_run_id, "resume_run: new_run_id")
-            new = context_run(run, build_brief(run), new_run_id)
-            self.store.save_run(new)  # the new run first, so the old one never links to nothing
+            stored = None if new_run_id is None else self.store.load_run(new_run_id)
+            if stored is not None and stored.metadata.get("resumed_from") == run_id:
+                # this restart, killed between its two writes and called again: finish it
+                new = stored
+                run.status, run.updated_at = "superseded", time.time()
+                run.metadata["superseded_by"] = new.run_id
+            else:
+                if stored is not None:  # saved over it, another run's steps were replaced
+                    raise _stored_already(stored.run_id, "resume_run: new_run_id")
+                new = context_run(run, build_brief(run), new_run_id)
+                self.store.save_run(new)  # the new run first, so the old one never links to nothing
             self.store.commit(run, [])
             self._known.add(new.run_id)
             logger.info("run %s superseded by %s (context restart: %d done, %d remaining)",
