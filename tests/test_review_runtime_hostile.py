@@ -252,3 +252,39 @@ def test_a_context_restart_killed_between_its_two_writes_is_finished_by_calling_
     assert stored_old.metadata["superseded_by"] == "new"
     again.execute_run(new, lambda step, prior: f"done {step.id}")
     assert fresh.load_run("new").status == "completed"  # type: ignore[union-attr]
+
+
+class _RateLimited(ConnectionError):
+    def __init__(self, retry_after: object) -> None:
+        super().__init__("429")
+        self._after = retry_after
+
+    @property
+    def retry_after(self) -> object:
+        if self._after == "raise":
+            raise RuntimeError("a Retry-After header the client could not parse")
+        return self._after
+
+
+@pytest.mark.parametrize("after", [10**400, "raise"], ids=["int-past-float", "property-raises"])
+def test_a_retry_after_that_cannot_be_read_retries_by_the_policy_not_a_crash(after: object) -> None:
+    """`retry_after` of 10**400 (a header of digits, int()-ed) made math.isfinite raise
+    OverflowError, and a `retry_after` property that raises leaked its error: both escaped
+    execute_run instead of a retry. Now the one past a float waits max_retry_after and the
+    unreadable one is ignored (the policy's backoff), as a NaN already was."""
+    policy = RetryPolicy(base_delay=0.0, max_retry_after=0.0)
+    assert policy.delay(1, _RateLimited(after)) == 0.0
+    store = CheckpointStore(f"memory://t-{uuid.uuid4().hex[:10]}")
+    agent = CheckpointedAgent(store, retry=policy)
+    calls = 0
+
+    def executor(step: Step, prior: Any) -> str:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise _RateLimited(after)
+        return "ok"
+
+    run = agent.start_run("g", [Step(id="a", title="a")], run_id="r")
+    agent.execute_run(run, executor)
+    assert store.load_run("r").status == "completed"  # type: ignore[union-attr]

@@ -88,9 +88,14 @@ class CheckpointPolicy:
 
 def retry_after_of(exc: BaseException) -> float | None:
     """The delay an error asks for (a 429's Retry-After), in seconds, if it carries one."""
-    value = getattr(exc, "retry_after", None)
+    try:
+        value = getattr(exc, "retry_after", None)
+    except Exception:  # a property that cannot read its header: no delay asked, the backoff
+        return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
+    if isinstance(value, int) and value > 10**18:  # past a float (10**400 raised OverflowError)
+        return math.inf
     if not math.isfinite(value) or value < 0:
         return None
     return float(value)
