@@ -4,13 +4,22 @@ The index is the host's (the agent's or a worker's), shared by every runner of t
 filled from the durable log (`CheckpointStore.get_tool_call_history`) the first time a step
 asks. Keys are the tool name plus the canonical JSON of the arguments: the same in every
 process and Python version, so a replay elsewhere finds the call.
+
+The index also knows which calls are in flight in this process (`in_flight`): identical calls
+racing from several threads, or asyncio tasks, of one step all missed the log at once and all
+paid. The first now makes the call; the others wait for its durable record and are served from
+it, as they would have been one after the other.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from concurrent.futures import Future
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +99,15 @@ def idempotency_key(run_id: str, step_id: str, index: int, key: str) -> str:
 
 
 @dataclass
+class _Flight:
+    """A call being made: who makes it, and what its waiters wait on."""
+
+    thread: int
+    task: object | None
+    done: Future[None] = field(default_factory=Future)
+
+
+@dataclass
 class ToolLogState:
     """One step's tool log, indexed: completed results by cache key, intents still open.
 
@@ -101,6 +119,8 @@ class ToolLogState:
     completed: dict[str, ToolCall] = field(default_factory=dict)
     open_intents: dict[str, ToolCall] = field(default_factory=dict)
     revision: int = 0
+    _mutex: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _flights: dict[str, _Flight] = field(default_factory=dict, repr=False, compare=False)
 
     def add(self, call: ToolCall) -> None:
         key = call.cache_key
@@ -109,16 +129,73 @@ class ToolLogState:
                 key = cache_key(call.tool_name, call.arguments)
             except TypeError:
                 return  # a hand-logged call with odd arguments: audit only
-        if call.phase in ("intent", UNKEPT):
-            if self.open_intents.get(key) != call:
-                self.revision += 1
-            self.open_intents[key] = call
-        elif call.phase == "completed" and call.error is None:
-            if self.completed.get(key) != call:
-                self.revision += 1
-            self.completed[key] = call
-            self.open_intents.pop(key, None)
+        with self._mutex:  # records arrive from every thread that logs a call of the step
+            if call.phase in ("intent", UNKEPT):
+                if self.open_intents.get(key) != call:
+                    self.revision += 1
+                self.open_intents[key] = call
+            elif call.phase == "completed" and call.error is None:
+                if self.completed.get(key) != call:
+                    self.revision += 1
+                self.completed[key] = call
+                self.open_intents.pop(key, None)
 
+    @contextmanager
+    def in_flight(self, key: str) -> Iterator[None]:
+        """Hold the call `key` of this step while looking it up, paying for it and logging it.
+
+        A thread arriving meanwhile waits here until the holder lets go, then looks the log up
+        itself: served if the call completed, its own call if it failed (errors are not
+        cached), the guard or UnconfirmedActionError if its result was refused, exactly as one
+        after the other. Only identical calls wait for each other. A caller on the holder's own
+        thread does not wait: it is the tool calling itself through a runner, or a blocking
+        call on an event loop whose task holds the call, and waiting would never end.
+        """
+        while True:
+            got = self._claim(key, None)
+            if not isinstance(got, Future):
+                break
+            got.result()
+        try:
+            yield
+        finally:
+            if got:
+                self._release(key)
+
+    @asynccontextmanager
+    async def ain_flight(self, key: str) -> AsyncIterator[None]:
+        """`in_flight` for a task: it awaits the holder (a thread or another task) without
+        blocking its loop. A waiter cancelled meanwhile just leaves; the holder is undisturbed."""
+        task = asyncio.current_task()
+        while True:
+            got = self._claim(key, task)
+            if not isinstance(got, Future):
+                break
+            # shielded: cancelling this waiter must not cancel the future the others wait on
+            await asyncio.shield(asyncio.wrap_future(got))
+        try:
+            yield
+        finally:
+            if got:
+                self._release(key)
+
+    def _claim(self, key: str, task: object | None) -> bool | Future[None]:
+        """True: the caller holds the call now. False: it may go on without holding it (its
+        own thread holds it). A future: done once the holder lets go; wait, then claim again."""
+        me = threading.get_ident()
+        with self._mutex:
+            flight = self._flights.get(key)
+            if flight is None:
+                self._flights[key] = _Flight(me, task)
+                return True
+            if flight.thread == me and (task is None or flight.task is None or flight.task is task):
+                return False
+            return flight.done
+
+    def _release(self, key: str) -> None:
+        with self._mutex:
+            flight = self._flights.pop(key)
+        flight.done.set_result(None)
 
 
 class ToolLogs:
@@ -132,8 +209,12 @@ class ToolLogs:
         self.store = store
         self.start_of = start_of
         self.states: dict[tuple[str, str], ToolLogState] = {}
+        self._lock = threading.Lock()
 
     def state(self, run_id: str, step_id: str) -> ToolLogState:
+        """The step's one index. Threads loading it at once each read the log (no lock held
+        over the read), but all keep the first one stored: two indexes of one step made
+        each thread's in-flight calls invisible to the other, and both paid."""
         key = (run_id, step_id)
         state = self.states.get(key)
         if state is None:
@@ -141,12 +222,14 @@ class ToolLogs:
             calls = self.store.get_tool_call_history(run_id, step_id)
             for call in calls[self.start_of(run_id, step_id):]:
                 state.add(call)
-            self.states[key] = state
+            with self._lock:
+                state = self.states.setdefault(key, state)
         return state
 
     def forget(self, run_id: str, step_id: str) -> None:
         """Drop a step's index: it is read again from the store (others may have logged calls)."""
-        self.states.pop((run_id, step_id), None)
+        with self._lock:
+            self.states.pop((run_id, step_id), None)
 
     def add(self, run_id: str, step_id: str, call: ToolCall) -> None:
         """Index a call already durable, if the step's index is loaded."""

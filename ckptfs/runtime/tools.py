@@ -12,6 +12,16 @@ an intent without a completion means the process died in between; the runner the
 caller's `guard` (which checks the outside world: was the email sent?) instead of guessing.
 Every call also gets a deterministic idempotency key (run, step, call index, call) that a
 tool can hand to an API that deduplicates on one.
+
+Threads and tasks of one process: identical calls of a step (same tool, same arguments) made at
+once, from one runner or several, are paid for once. The first caller holds the call until its
+record is durable; the others wait for it and are served from the log (`ToolLogState.in_flight`),
+or, if it failed, make their own call, as they would have one after the other. Distinct calls
+never wait for each other. The call index is the number of calls the runner was asked for
+before this one, waiters included: for a runner shared by threads that is arrival order, which
+a replay need not repeat, so the key of a call that left no record may differ on replay. A
+runner per thread (or per call, `agent.tools()`) numbers only its own thread's calls; and an
+irreversible call's intent pins its key, which a replay reuses.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from __future__ import annotations
 import inspect
 import logging
 import reprlib
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -79,7 +90,8 @@ class IdempotentToolRunner:
 
     Build it as the seed does, `IdempotentToolRunner(agent, run_id, step_id)`, or inside an
     executor with `agent.tools()`. Runners of the same step share one index of the log, so
-    creating one per call is fine.
+    creating one per call is fine, and so is sharing one between threads: identical calls
+    racing are paid for once (see the module's docstring).
     """
 
     def __init__(self, agent: ToolHost, run_id: str, step_id: str) -> None:
@@ -89,6 +101,7 @@ class IdempotentToolRunner:
         self._index = 0
         self.real_calls = 0
         self.cache_hits = 0
+        self._counting = threading.Lock()  # `+=` is not atomic: a shared runner's threads lost counts
 
     @property
     def _state(self) -> ToolLogState:
@@ -116,9 +129,10 @@ class IdempotentToolRunner:
         except TypeError as exc:  # before the call: refused here, nothing is paid or written
             raise TypeError(f"tool {tool_name!r} of step {self.step_id!r}: {exc}; refused before "
                             "the call, nothing was written") from None
-        idem = idempotency_key(self.run_id, self.step_id, self._index, key)
-        self._index += 1
-        return key, idem
+        with self._counting:  # two threads taking one index gave two calls one key
+            index = self._index
+            self._index += 1
+        return key, idempotency_key(self.run_id, self.step_id, index, key)
 
     def _record(self, tool_name: str, arguments: Mapping[str, Any], key: str, idem: str, phase: str,
                 result: Any = None, error: str | None = None, started: float | None = None) -> ToolCall:
@@ -164,7 +178,8 @@ class IdempotentToolRunner:
         state = self._state
         hit = state.completed.get(key)
         if hit is not None:
-            self.cache_hits += 1
+            with self._counting:
+                self.cache_hits += 1
             logger.debug("run %s step %s: %s served from the tool log", self.run_id, self.step_id, tool_name)
             return True, hit.result, None
         intent = state.open_intents.get(key)
@@ -255,6 +270,17 @@ class IdempotentToolRunner:
         idempotency_key_arg: pass the call's idempotency key to `fn` under this name.
         """
         key, idem = self._prepare(tool_name, arguments)
+        with self._state.in_flight(key):  # an identical call in flight: wait for its record
+            paid, result = self._run_held(tool_name, arguments, fn, key, idem, irreversible, guard,
+                                          idempotency_key_arg)
+        if paid:  # the record is durable and indexed: waiters need not wait for a commit too
+            self.agent.after_tool_call(self.run_id, self.step_id, checkpoint)
+        return result
+
+    def _run_held(self, tool_name: str, arguments: Mapping[str, Any], fn: Callable[..., Any],
+                  key: str, idem: str, irreversible: bool, guard: Callable[[ToolCall], object] | None,
+                  idempotency_key_arg: str | None) -> tuple[bool, Any]:
+        """(whether the call was paid for here, its result), holding the call `key`."""
         hit, result, reuse = self._replay(tool_name, key, irreversible, guard)
         if not hit:
             seen = self._state.revision
@@ -265,7 +291,7 @@ class IdempotentToolRunner:
         if hit:
             if reuse is not None:  # the guard confirmed it: close the intent
                 self._log(self._record(tool_name, arguments, key, idem, "completed", result))
-            return result
+            return False, result
         if irreversible and reuse is None:
             self._log(self._record(tool_name, arguments, key, idem, "intent"))
         started = time.perf_counter()
@@ -275,7 +301,8 @@ class IdempotentToolRunner:
             self._log(self._record(tool_name, arguments, key, idem, "failed",
                                    error=error_text(exc), started=started))
             raise
-        self.real_calls += 1
+        with self._counting:
+            self.real_calls += 1
         try:
             self._log(self._record(tool_name, arguments, key, idem, "completed", result, started=started))
         except (TypeError, UnstorableValueError) as exc:
@@ -285,14 +312,25 @@ class IdempotentToolRunner:
             except UnstorableValueError:  # the arguments are what the store refuses (their size)
                 self._log(self._bare(unkept))
             raise
-        self.agent.after_tool_call(self.run_id, self.step_id, checkpoint)
-        return result
+        return True, result
 
     async def arun(self, tool_name: str, arguments: Mapping[str, Any], fn: Callable[..., Any], *,
                    irreversible: bool = False, guard: Callable[[ToolCall], object] | None = None,
                    checkpoint: bool = False, idempotency_key_arg: str | None = None) -> Any:
         """`run` for async code: `fn` may be a coroutine function; store writes leave the loop."""
         key, idem = self._prepare(tool_name, arguments)
+        async with self._state.ain_flight(key):
+            paid, result = await self._arun_held(tool_name, arguments, fn, key, idem, irreversible,
+                                                 guard, idempotency_key_arg)
+        if paid:
+            await self.agent.aafter_tool_call(self.run_id, self.step_id, checkpoint)
+        return result
+
+    async def _arun_held(self, tool_name: str, arguments: Mapping[str, Any], fn: Callable[..., Any],
+                         key: str, idem: str, irreversible: bool,
+                         guard: Callable[[ToolCall], object] | None,
+                         idempotency_key_arg: str | None) -> tuple[bool, Any]:
+        """`_run_held` for `arun`."""
         hit, result, reuse = await self._areplay(tool_name, key, irreversible, guard)
         if not hit:
             seen = self._state.revision
@@ -303,7 +341,7 @@ class IdempotentToolRunner:
         if hit:
             if reuse is not None:
                 await self._alog(self._record(tool_name, arguments, key, idem, "completed", result))
-            return result
+            return False, result
         if irreversible and reuse is None:
             await self._alog(self._record(tool_name, arguments, key, idem, "intent"))
         started = time.perf_counter()
@@ -315,7 +353,8 @@ class IdempotentToolRunner:
             await self._alog(self._record(tool_name, arguments, key, idem, "failed",
                                           error=error_text(exc), started=started))
             raise
-        self.real_calls += 1
+        with self._counting:
+            self.real_calls += 1
         try:
             await self._alog(self._record(tool_name, arguments, key, idem, "completed", result,
                                           started=started))
@@ -326,8 +365,7 @@ class IdempotentToolRunner:
             except UnstorableValueError:
                 await self._alog(self._bare(unkept))
             raise
-        await self.agent.aafter_tool_call(self.run_id, self.step_id, checkpoint)
-        return result
+        return True, result
 
     def _unkept(self, tool_name: str, arguments: Mapping[str, Any], key: str, idem: str,
                 exc: Exception, started: float) -> ToolCall:
