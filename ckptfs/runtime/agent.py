@@ -44,7 +44,7 @@ from ckptfs.runtime.execution import (
     complete_step,
 )
 from ckptfs.runtime.host import CURRENT_STEP
-from ckptfs.runtime.policy import CheckpointPolicy, RetryPolicy
+from ckptfs.runtime.policy import CheckpointPolicy, RetryPolicy, require_whole
 from ckptfs.runtime.resume import (
     STRATEGIES,
     TOOL_LOG_START,
@@ -90,6 +90,9 @@ class CheckpointedAgent:
     ) -> None:
         if not isinstance(checkpoint_store, CheckpointStore):
             raise TypeError("CheckpointedAgent takes a CheckpointStore (build it from the URL first)")
+        # any int (the seed's API takes <= 1 as "every step"); "5" raised a bare TypeError from
+        # the comparison below, and 5.0 or NaN reached CheckpointPolicy unnamed
+        require_whole("CheckpointedAgent", "checkpoint_every_n_steps", checkpoint_every_n_steps)
         if policy is None:
             policy = (CheckpointPolicy.every_step() if checkpoint_every_n_steps <= 1
                       else CheckpointPolicy.every_n_steps(checkpoint_every_n_steps))
@@ -235,7 +238,8 @@ class CheckpointedAgent:
 
         `executor(step, prior_calls) -> str | StepResult`. Raises RetriesExhaustedError when a
         step keeps failing (policy "stop") and RunStoppedError when an irreversible call's
-        outcome is unknown, both after committing; a pause returns early.
+        outcome is unknown or the executor returns (or leaves in its step) a value the store
+        cannot keep, all after committing the stop; a pause returns early.
         """
         ex = self._begin(run, on_progress)
         try:
@@ -293,8 +297,8 @@ class CheckpointedAgent:
         only the step whose change it was (see store/group_commit.py); the run then stops
         with that step's error, as it did with one record per commit.
         """
-        if concurrency < 1:
-            raise ValueError(f"aexecute_run: concurrency must be >= 1, got {concurrency}")
+        # a NaN passed `< 1` and then `len(tasks) < nan` never started a step: the run "failed"
+        require_whole("aexecute_run", "concurrency", concurrency, 1)
         ex = self._begin(run, on_progress, defer_commit=True)
         tasks: dict[asyncio.Task[None], str] = {}
         try:
@@ -436,6 +440,9 @@ class CheckpointedAgent:
 
     def _after_success(self, ex: Execution, step: Step, out: Any, tokens0: int,
                        cost0: float) -> list[Step] | None:
+        left = self._left_unstorable(ex, step, tokens0, cost0)
+        if left is not None:
+            return left
         try:
             complete_step(step, out, ex.run.run_id)
         except UnstorableValueError as exc:
@@ -468,6 +475,9 @@ class CheckpointedAgent:
 
     def _after_failure(self, ex: Execution, step: Step, exc: Exception, tokens0: int,
                        cost0: float) -> list[Step]:
+        left = self._left_unstorable(ex, step, tokens0, cost0)
+        if left is not None:  # whatever it raised, no commit could hold the step as it is now
+            return left
         self._account(ex, step, tokens0, cost0)
         self._end_attempt(ex, step)
         step.error = error_text(exc)
@@ -514,6 +524,65 @@ class CheckpointedAgent:
         return self._stop(ex, step, RunStoppedError(  # _stop logs it, with step.error
             ex.run.run_id, step.id, n, exc,
             f"returned an output the store cannot keep ({exc.field}: {exc.reason})"))
+
+    def _left_unstorable(self, ex: Execution, step: Step, tokens0: int,
+                         cost0: float) -> list[Step] | None:
+        """Stop the run at `step` if the executor left in it a value no commit can hold.
+
+        The executor holds the live Step: a NaN or a 5,000-digit int put in `step.metadata`
+        (or a NaN assigned to `step.cost_usd`) was only met by the store's commit, which
+        refused it out of execute_run with the run left "running" and the stop unsaved, since
+        every later commit of the step met the same value. Checked here, before the step is
+        marked done or its spend counted, with the store's own check (`check_storable`), so a
+        value is refused once, by name, and never after its dependants have started on it.
+
+        The refused fields are put back as the store holds them (the run's acknowledged state:
+        what the step had before this attempt, or at its last RUNNING mark), tokens and cost
+        as they were before the attempt, so that the stop itself can be committed: the run
+        is "failed" with the reason, the step PENDING, and resume_run runs it again.
+        """
+        run_id = ex.run.run_id
+        try:
+            ValuePlanner.check_storable(run_id, step.id, step)
+        except UnstorableValueError as exc:
+            refused = exc
+        else:
+            return None
+        self._put_back(ex, step, tokens0, cost0)
+        self._end_attempt(ex, step)
+        step.error = error_text(refused)
+        return self._stop(ex, step, RunStoppedError(  # _stop logs it, with step.error
+            run_id, step.id, ex.attempts.get(step.id, 1), refused,
+            f"left a value in the step the store cannot keep ({refused.field}: {refused.reason}); "
+            "that field was put back as last saved"))
+
+    def _put_back(self, ex: Execution, step: Step, tokens0: int, cost0: float) -> None:
+        """Reset what of `step` the store refuses: tokens and cost to their values before the
+        attempt, any other field to its stored value (a load, on this error path only: the
+        agent keeps no copy of each step's metadata per attempt, which every step would pay)."""
+        if step.tokens != tokens0:
+            step.tokens = tokens0
+        if step.cost_usd != cost0:  # NaN != NaN: put back too
+            step.cost_usd = cost0
+        run_id = ex.run.run_id
+        held: Step | None = None
+        loaded = False
+        for _ in range(len(Step.model_fields)):  # one field a round, each put back once at most
+            try:
+                ValuePlanner.check_storable(run_id, step.id, step)
+                return
+            except UnstorableValueError as exc:
+                name = exc.field.split(".", 1)[0].split("[", 1)[0]
+                if name not in Step.model_fields:
+                    break
+            if not loaded:
+                stored = self.store.load_run(run_id)
+                held = stored.steps.get(step.id) if stored is not None else None
+                loaded = True
+            setattr(step, name, getattr(held, name) if held is not None else
+                    Step.model_fields[name].get_default(call_default_factory=True))
+        logger.error("run %s: step %s: could not put back what the store refuses; the stop "
+                     "cannot be committed", run_id, step.id)
 
     def _stop(self, ex: Execution, step: Step, error: RunStoppedError) -> list[Step]:
         step.status = StepStatus.PENDING

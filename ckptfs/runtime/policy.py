@@ -14,9 +14,65 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ckptfs.format.models import Step
+from ckptfs.format.units import MAX_SCHEDULE_SECONDS
 
 Granularity = Literal["tool_call", "step", "every_n", "milestone"]
 _GRANULARITIES = ("tool_call", "step", "every_n", "milestone")
+
+
+def _shown(value: object) -> str:
+    """`repr(value)` for a message, but an int too long to print (str() of an int past 4,300
+    digits raises ValueError) is described by its size."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 1000:
+        return f"an int of about {int(value.bit_length() * math.log10(2)) + 1} digits"
+    return repr(value)
+
+
+def require_whole(owner: str, name: str, value: object, least: int | None = None) -> None:
+    """TypeError/ValueError naming `owner.name` unless `value` is an int (>= `least`, if given).
+
+    Checked when a policy is built, not when it is used: a count of "3" raised a bare
+    TypeError from a comparison deep inside execute_run (the run left "running"), and a bool
+    is refused because `max_attempts=True` is a mistake, not 1.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{owner}: {name} must be a whole number, got {_shown(value)} "
+                        f"({type(value).__name__})")
+    if least is not None and value < least:
+        raise ValueError(f"{owner}: {name} must be >= {least}, got {_shown(value)}")
+
+
+def require_number(owner: str, name: str, value: object, least: float,
+                   most: float | None = None, unit: str = "") -> None:
+    """TypeError/ValueError naming `owner.name` unless `value` is a finite real in [least, most].
+
+    NaN passes every `<` check (a NaN max_delay was accepted, and every delay became NaN,
+    which time.sleep refuses mid-run); an infinite delay sleeps forever or overflows, and so
+    does an int past a float (10**400). So only finite numbers are taken, and a bool
+    (`jitter=True`) is a mistake, not 1.0.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{owner}: {name} must be a number, got {value!r} ({type(value).__name__})")
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an int no float can hold
+        finite = False
+    if not finite:
+        raise ValueError(f"{owner}: {name} must be a finite number, got {_shown(value)}")
+    if value < least or (most is not None and value > most):
+        bound = f">= {least:g}" if most is None else f"within [{least:g}, {most:.0f}]"
+        raise ValueError(f"{owner}: {name} must be {bound}{unit}, got {_shown(value)}")
+
+
+def _require_exceptions(name: str, value: object) -> None:
+    """TypeError unless `value` is an exception class or a tuple of them (what isinstance
+    takes): anything else raised TypeError from `is_retryable` at the first failure, out of
+    execute_run, with the run left "running" and the policy not named."""
+    items = value if isinstance(value, tuple) else (value,)
+    for t in items:
+        if not (isinstance(t, type) and issubclass(t, BaseException)):
+            raise TypeError(f"RetryPolicy: {name} must be a tuple of exception classes, "
+                            f"got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -47,8 +103,10 @@ class CheckpointPolicy:
         if self.granularity not in _GRANULARITIES:
             raise ValueError(f"CheckpointPolicy: granularity must be one of {_GRANULARITIES}, "
                              f"got {self.granularity!r}")
-        if self.every_n < 1:
-            raise ValueError(f"CheckpointPolicy: every_n must be >= 1, got {self.every_n}")
+        require_whole("CheckpointPolicy", "every_n", self.every_n, 1)
+        if not isinstance(self.durable_attempts, bool):  # "no" would be true
+            raise TypeError(f"CheckpointPolicy: durable_attempts must be True or False, "
+                            f"got {self.durable_attempts!r}")
 
     @classmethod
     def every_tool_call(cls) -> CheckpointPolicy:
@@ -158,19 +216,22 @@ class RetryPolicy:
     never_retry: tuple[type[BaseException], ...] = PROGRAMMING_ERRORS  # last: positional order kept
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError(f"RetryPolicy: max_attempts must be >= 1, got {self.max_attempts}")
-        if self.base_delay < 0 or self.max_delay < 0 or self.max_retry_after < 0:
-            raise ValueError("RetryPolicy: delays must be >= 0")
-        if self.multiplier < 1:
-            raise ValueError(f"RetryPolicy: multiplier must be >= 1, got {self.multiplier}")
-        if not 0 <= self.jitter <= 1:
-            raise ValueError(f"RetryPolicy: jitter must be within [0, 1], got {self.jitter}")
+        require_whole("RetryPolicy", "max_attempts", self.max_attempts, 1)
+        for name in ("base_delay", "max_delay", "max_retry_after"):  # seconds, slept as given:
+            # time.sleep refuses a delay too long for its clock; a schedule's bound is far enough
+            require_number("RetryPolicy", name, getattr(self, name), 0.0, MAX_SCHEDULE_SECONDS,
+                           " seconds (100 years)")
+        require_number("RetryPolicy", "multiplier", self.multiplier, 1.0)
+        require_number("RetryPolicy", "jitter", self.jitter, 0.0, 1.0)
         if self.on_exhausted not in ("stop", "fail"):
             raise ValueError(f"RetryPolicy: on_exhausted must be 'stop' or 'fail', "
                              f"got {self.on_exhausted!r}")
-        if self.max_total_attempts is not None and self.max_total_attempts < 1:
-            raise ValueError("RetryPolicy: max_total_attempts must be >= 1 or None")
+        if self.max_total_attempts is not None:
+            require_whole("RetryPolicy", "max_total_attempts", self.max_total_attempts, 1)
+        if self.seed is not None:
+            require_whole("RetryPolicy", "seed", self.seed)
+        for name in ("retry_on", "give_up_on", "never_retry"):
+            _require_exceptions(name, getattr(self, name))
 
     @classmethod
     def never(cls) -> RetryPolicy:
