@@ -11,8 +11,9 @@ serializer (`self.serde`); ckptfs only frames and compresses the bytes.
 Key names live in `keys.py`, the byte format in `codec.py`; thread, namespace, checkpoint,
 task and run ids are percent-encoded into key segments (a long thread id is hashed). Beside
 this file: read plans for remote readers (`plans.py`), removal that keeps what survivors read
-(`pruning.py`), thread leases (`ownership.py`), and the count of savers per local store behind
-lease-backed reads (`local_savers.py`).
+(`pruning.py`), thread leases (`ownership.py`), the count of savers per local store behind
+lease-backed reads (`local_savers.py`), and the gate that keeps one saver's delete or prune from
+the writes of the process's other savers of the thread (`erasures.py`).
 
 Guarantees: `put` / `put_writes` are durable on return (the Storage contract); a checkpoint is
 visible only once its object is whole; prune, delete_for_runs and delete_thread never leave a
@@ -55,7 +56,7 @@ if TYPE_CHECKING:  # langgraph-checkpoint 4.1+; older releases have no delta cha
 
 from ckptfs.errors import ConfigError, CorruptFileError, UnreadableFileError
 from ckptfs.integrations.langgraph import codec as fmt
-from ckptfs.integrations.langgraph import local_savers
+from ckptfs.integrations.langgraph import erasures, local_savers
 from ckptfs.integrations.langgraph.keys import (
     LG_ROOT,
     lg_checkpoint_key,
@@ -243,6 +244,9 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         self.busy_timeout = float(busy_timeout)
         self.leases: ThreadLeases | None = None
         self._wrote: set[str] = set()
+        # the thread's removal epoch (`erasures.py`) this saver last wrote it in
+        self._epochs: dict[str, int] = {}
+        self._store_key = self._root or storage.url
         caps = storage.capabilities
         if exclusive and caps.shared and caps.exclusive_create and caps.conditional_put:
             self.leases = leases_for(storage, lease_ttl, lease_idle)
@@ -978,7 +982,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
 
     def delete_thread(self, thread_id: str) -> None:
         thread_id = str(thread_id)
-        with self._writing(thread_id, fresh=True, confirm=False):
+        with self._writing(thread_id, fresh=True, confirm=False, erase=True):
             keys = self.storage.list(lg_thread_prefix(thread_id))
             # newest checkpoints first: whatever survives a crash midway still reads back whole
             ckpts = sorted((k for k in keys if f"/{CKPT}" in k), key=lambda k: k.rsplit("/", 1)[1],
@@ -1039,7 +1043,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 except FileNotFoundError:
                     continue
                 thread_id, ns = str(info["thread_id"]), str(info["checkpoint_ns"])
-                with self._writing(thread_id, fresh=True, confirm=False):
+                with self._writing(thread_id, fresh=True, confirm=False, erase=True):
                     self._remove(thread_id, lg_ns_prefix(thread_id, ns), of_run(str(run_id)))
                     with contextlib.suppress(FileNotFoundError):
                         self.storage.delete(marker)
@@ -1070,7 +1074,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"keep_last must be an integer >= 1 (use strategy='delete'), got {keep_last!r}")
         for thread_id in thread_ids:
-            with self._writing(str(thread_id), fresh=True, confirm=False):
+            with self._writing(str(thread_id), fresh=True, confirm=False, erase=True):
                 for prefix in self._namespaces(str(thread_id)):
                     self._remove(str(thread_id), prefix, all_but_newest(n))
 
@@ -1166,15 +1170,23 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         return next_version(current)
 
     @contextlib.contextmanager
-    def _writing(self, thread_id: str, *, fresh: bool = False, confirm: bool = True) -> Iterator[object]:
+    def _writing(self, thread_id: str, *, fresh: bool = False, confirm: bool = True,
+                 erase: bool = False) -> Iterator[object]:
         """Hold the thread for one write (`ThreadLeases.begin`/`end`): the keeper does not give
         it back as idle while the write is in flight, however long it takes, and with `confirm`
         the write is acknowledged only if the lease held, in the generation it began under,
         all through it (a write slower than the lease may have forked the thread); otherwise
         ThreadBusyError, and the caller's in-memory state is left as it was. Yields the tenure
-        (None without leases): a new object each time the lease is taken again."""
+        (None without leases): a new object each time the lease is taken again.
+
+        Inside the lease, the thread's gate in this process (`erasures.py`): `erase` (delete,
+        prune) waits for the other savers' writes in flight and removes alone; a write after a
+        removal by any saver of the process first forgets what this saver knew of the thread,
+        which may name removed objects (a checkpoint referring to them was acknowledged and
+        unreadable elsewhere)."""
         if self.leases is None:
-            yield None
+            with self._gated(thread_id, erase):
+                yield None
             return
         tenure = self.leases.begin(thread_id, wait=self.busy_timeout, fresh=fresh)
         with self._lock:
@@ -1183,10 +1195,35 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 self._wrote &= set(self.leases.holding())
         done = False
         try:
-            yield tenure
+            with self._gated(thread_id, erase):
+                yield tenure
             done = True
         finally:
             self.leases.end(thread_id, tenure, confirm=done and confirm)
+
+    @contextlib.contextmanager
+    def _gated(self, thread_id: str, erase: bool) -> Iterator[None]:
+        if erase:
+            with erasures.erasing(self._store_key, thread_id):
+                yield
+            return
+        with erasures.writing(self._store_key, thread_id) as epoch:
+            with self._lock:
+                last = self._epochs.get(thread_id)
+                self._epochs[thread_id] = epoch
+            if last is not None and last != epoch:
+                logger.debug("thread %s: removed by another saver of this process since this one "
+                             "wrote it; what this saver knew of it is forgotten", shown(thread_id))
+                self._forget_removed(thread_id)
+            yield
+
+    def _forget_removed(self, thread_id: str) -> None:
+        """All this saver remembers of a thread whose objects may have been removed."""
+        self._forget(thread_id)
+        seg = lg_thread_segment(thread_id)
+        with self._lock:
+            self._named.pop(seg, None)
+            self._run_markers = {m for m in self._run_markers if m[1] != thread_id}
 
     def release(self, thread_id: str | None = None) -> None:
         """Give a thread (default: every thread this saver wrote) back now, so another process
