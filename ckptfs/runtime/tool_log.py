@@ -14,12 +14,13 @@ it, as they would have been one after the other.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import json
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import Future
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,13 +99,59 @@ def idempotency_key(run_id: str, step_id: str, index: int, key: str) -> str:
     return "ckpt-" + hashlib.sha256(raw).hexdigest()[:32]
 
 
-@dataclass
+@dataclass(eq=False)  # found by identity: in a context's holds and in the waits between them
 class _Flight:
     """A call being made: who makes it, and what its waiters wait on."""
 
     thread: int
     task: object | None
     done: Future[None] = field(default_factory=Future)
+
+
+# The calls the current context holds, and those its starter held: a task the holder creates
+# (`create_task`, `gather`, 3.11's `wait_for`) and `asyncio.to_thread` copy the context. Such a
+# helper making the holder's own call must not wait for the holder, which is waiting for it.
+# (A thread started by hand or a ThreadPoolExecutor copies no context: there it still waits.)
+_HELD: contextvars.ContextVar[tuple[_Flight, ...]] = contextvars.ContextVar(
+    "ckptfs_tool_calls_held", default=())
+
+# Who waits for whom, across every step's index: a held call -> the calls its holder (or a
+# helper of it) waits for. Thread 1 holding a and calling b while thread 2 holds b and calls a
+# waited for each other forever; the second to arrive now sees the cycle and goes on without
+# waiting, as before the hold (both pay the inner call). Taken after a state's mutex, never before.
+_WAITS_LOCK = threading.Lock()
+_WAITS: dict[_Flight, list[_Flight]] = {}
+
+
+def _closes_cycle(flight: _Flight, held: tuple[_Flight, ...]) -> bool:
+    """Whether `flight`'s holder waits, through any chain of holders, for a call in `held`."""
+    seen: set[int] = set()
+    stack = [flight]
+    while stack:
+        f = stack.pop()
+        if f in held:
+            return True
+        if id(f) not in seen:
+            seen.add(id(f))
+            stack.extend(_WAITS.get(f, ()))
+    return False
+
+
+@dataclass
+class _Wait:
+    """A caller waiting for `flight`, recorded as a wait of each call it holds (`_WAITS`)."""
+
+    flight: _Flight
+    held: tuple[_Flight, ...]
+
+    def leave(self) -> None:
+        with _WAITS_LOCK:
+            for h in self.held:
+                waits = _WAITS.get(h)
+                if waits is not None and self.flight in waits:
+                    waits.remove(self.flight)
+                    if not waits:
+                        del _WAITS[h]
 
 
 @dataclass
@@ -147,20 +194,26 @@ class ToolLogState:
         A thread arriving meanwhile waits here until the holder lets go, then looks the log up
         itself: served if the call completed, its own call if it failed (errors are not
         cached), the guard or UnconfirmedActionError if its result was refused, exactly as one
-        after the other. Only identical calls wait for each other. A caller on the holder's own
-        thread does not wait: it is the tool calling itself through a runner, or a blocking
-        call on an event loop whose task holds the call, and waiting would never end.
+        after the other. Only identical calls wait for each other. A caller that waiting would
+        never let through does not wait: on the holder's own thread (the tool calling itself
+        through a runner, or a blocking call on an event loop whose task holds the call), in a
+        task or `to_thread` the holder started (its context carries the hold), or one whose
+        holder waits, through any chain, for a call this caller holds (a->b against b->a).
         """
         while True:
             got = self._claim(key, None)
-            if not isinstance(got, Future):
+            if not isinstance(got, _Wait):
                 break
-            got.result()
+            try:
+                got.flight.done.result()
+            finally:
+                got.leave()
+        token = None if got is None else _HELD.set((*_HELD.get(), got))
         try:
             yield
         finally:
-            if got:
-                self._release(key)
+            if got is not None:
+                self._release(key, got, token)
 
     @asynccontextmanager
     async def ain_flight(self, key: str) -> AsyncIterator[None]:
@@ -169,32 +222,49 @@ class ToolLogState:
         task = asyncio.current_task()
         while True:
             got = self._claim(key, task)
-            if not isinstance(got, Future):
+            if not isinstance(got, _Wait):
                 break
-            # shielded: cancelling this waiter must not cancel the future the others wait on
-            await asyncio.shield(asyncio.wrap_future(got))
+            try:
+                # shielded: cancelling this waiter must not cancel the future the others wait on
+                await asyncio.shield(asyncio.wrap_future(got.flight.done))
+            finally:
+                got.leave()
+        token = None if got is None else _HELD.set((*_HELD.get(), got))
         try:
             yield
         finally:
-            if got:
-                self._release(key)
+            if got is not None:
+                self._release(key, got, token)
 
-    def _claim(self, key: str, task: object | None) -> bool | Future[None]:
-        """True: the caller holds the call now. False: it may go on without holding it (its
-        own thread holds it). A future: done once the holder lets go; wait, then claim again."""
+    def _claim(self, key: str, task: object | None) -> _Flight | _Wait | None:
+        """A flight: the caller holds the call now. None: it goes on without holding it (see
+        `in_flight` for who). A wait: done once the holder lets go; wait, then claim again."""
         me = threading.get_ident()
         with self._mutex:
             flight = self._flights.get(key)
             if flight is None:
-                self._flights[key] = _Flight(me, task)
-                return True
+                flight = self._flights[key] = _Flight(me, task)
+                return flight
             if flight.thread == me and (task is None or flight.task is None or flight.task is task):
-                return False
-            return flight.done
+                return None
+            held = _HELD.get()
+            with _WAITS_LOCK:
+                if _closes_cycle(flight, held):
+                    return None
+                for h in held:
+                    _WAITS.setdefault(h, []).append(flight)
+            return _Wait(flight, held)
 
-    def _release(self, key: str) -> None:
+    def _release(self, key: str, flight: _Flight,
+                 token: contextvars.Token[tuple[_Flight, ...]] | None) -> None:
         with self._mutex:
-            flight = self._flights.pop(key)
+            if self._flights.get(key) is flight:
+                del self._flights[key]
+        with _WAITS_LOCK:
+            _WAITS.pop(flight, None)  # a helper of the holder may still be recorded waiting
+        if token is not None:
+            with suppress(ValueError, RuntimeError):  # let go in another context (closed by GC)
+                _HELD.reset(token)
         flight.done.set_result(None)
 
 
@@ -210,6 +280,9 @@ class ToolLogs:
         self.start_of = start_of
         self.states: dict[tuple[str, str], ToolLogState] = {}
         self._lock = threading.Lock()
+        # Forgotten indexes with calls still in flight: the next index of the step shares their
+        # holds (see `forget`).
+        self._flying: dict[tuple[str, str], ToolLogState] = {}
 
     def state(self, run_id: str, step_id: str) -> ToolLogState:
         """The step's one index. Threads loading it at once each read the log (no lock held
@@ -218,7 +291,10 @@ class ToolLogs:
         key = (run_id, step_id)
         state = self.states.get(key)
         if state is None:
-            state = ToolLogState()
+            with self._lock:
+                old = self._flying.pop(key, None)
+            # the holds of a forgotten index, with the mutex that guards them
+            state = ToolLogState() if old is None else ToolLogState(_mutex=old._mutex, _flights=old._flights)
             calls = self.store.get_tool_call_history(run_id, step_id)
             for call in calls[self.start_of(run_id, step_id):]:
                 state.add(call)
@@ -227,9 +303,21 @@ class ToolLogs:
         return state
 
     def forget(self, run_id: str, step_id: str) -> None:
-        """Drop a step's index: it is read again from the store (others may have logged calls)."""
+        """Drop a step's index: it is read again from the store (others may have logged calls).
+
+        Calls in flight outlive it: an attempt that failed (`asyncio.gather` raising on a
+        sibling's error) or returned with a thread or task still paying for a call is forgotten
+        at once, and the retry's identical call met a new index without the hold and paid
+        beside it. The next index of the step takes over the holds; the holder's record goes
+        to whichever index is loaded when it is durable, or is read from the store.
+        """
+        key = (run_id, step_id)
         with self._lock:
-            self.states.pop((run_id, step_id), None)
+            state = self.states.pop(key, None)
+            if state is not None:
+                with state._mutex:
+                    if state._flights:
+                        self._flying[key] = state
 
     def add(self, run_id: str, step_id: str, call: ToolCall) -> None:
         """Index a call already durable, if the step's index is loaded."""

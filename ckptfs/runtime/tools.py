@@ -26,6 +26,7 @@ irreversible call's intent pins its key, which a replay reuses.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import reprlib
@@ -392,4 +393,22 @@ class IdempotentToolRunner:
         self.agent.record_tool_call(self.run_id, self.step_id, call)
 
     async def _alog(self, call: ToolCall) -> None:
-        await self.agent.arecord_tool_call(self.run_id, self.step_id, call)
+        """`_log` for `arun`, finished even if the task is cancelled meanwhile, then cancelled.
+
+        The host's write cannot be stopped midway (the agent shields it), but a cancel used to
+        end the wait at once: the record became durable without being indexed, and the holder
+        let go of the call before it was, so a waiting identical call (and any later one) paid
+        again. The write and its indexing now run to the end in a task of their own.
+        """
+        write = asyncio.ensure_future(self.agent.arecord_tool_call(self.run_id, self.step_id, call))
+        cancelled = False
+        while not write.done():
+            try:
+                await asyncio.shield(write)
+            except asyncio.CancelledError:
+                if write.cancelled():  # the write itself was cancelled (the loop shutting down)
+                    raise
+                cancelled = True
+        write.result()
+        if cancelled:
+            raise asyncio.CancelledError
