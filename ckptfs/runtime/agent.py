@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ckptfs.errors import RetriesExhaustedError, RunStoppedError, UnstorableValueError, error_text
+from ckptfs.format import codec
 from ckptfs.format.models import AgentRun, Step, StepStatus, ToolCall
 from ckptfs.runtime.execution import (
     AsyncExecutor,
@@ -62,6 +63,9 @@ from ckptfs.store.group_commit import GroupCommitter
 from ckptfs.store.values import ValuePlanner
 
 logger = logging.getLogger(__name__)
+
+# What of an AgentRun a commit writes as the run's own fields (the steps go one by one).
+_RUN_ONLY = frozenset({"steps"})
 
 
 
@@ -92,7 +96,8 @@ class CheckpointedAgent:
             raise TypeError("CheckpointedAgent takes a CheckpointStore (build it from the URL first)")
         # any int (the seed's API takes <= 1 as "every step"); "5" raised a bare TypeError from
         # the comparison below, and 5.0 or NaN reached CheckpointPolicy unnamed
-        require_whole("CheckpointedAgent", "checkpoint_every_n_steps", checkpoint_every_n_steps)
+        checkpoint_every_n_steps = require_whole("CheckpointedAgent", "checkpoint_every_n_steps",
+                                                 checkpoint_every_n_steps)
         if policy is None:
             policy = (CheckpointPolicy.every_step() if checkpoint_every_n_steps <= 1
                       else CheckpointPolicy.every_n_steps(checkpoint_every_n_steps))
@@ -298,7 +303,7 @@ class CheckpointedAgent:
         with that step's error, as it did with one record per commit.
         """
         # a NaN passed `< 1` and then `len(tasks) < nan` never started a step: the run "failed"
-        require_whole("aexecute_run", "concurrency", concurrency, 1)
+        concurrency = require_whole("aexecute_run", "concurrency", concurrency, 1)
         ex = self._begin(run, on_progress, defer_commit=True)
         tasks: dict[asyncio.Task[None], str] = {}
         try:
@@ -544,6 +549,11 @@ class CheckpointedAgent:
         run_id = ex.run.run_id
         try:
             ValuePlanner.check_storable(run_id, step.id, step)
+            # The run's own fields too: every commit writes them, so a NaN an executor put in
+            # `run.metadata` (a closure over the run) was refused by each commit, the stop's
+            # and the flush's included: the error escaped with the run left "running" and,
+            # under every-n or milestones, the finished steps not yet committed were lost.
+            ValuePlanner.check_storable(run_id, None, ex.run, exclude=_RUN_ONLY)
         except UnstorableValueError as exc:
             refused = exc
         else:
@@ -551,36 +561,54 @@ class CheckpointedAgent:
         self._put_back(ex, step, tokens0, cost0)
         self._end_attempt(ex, step)
         step.error = error_text(refused)
+        where = "the step" if refused.step_id is not None else "the run"
         return self._stop(ex, step, RunStoppedError(  # _stop logs it, with step.error
             run_id, step.id, ex.attempts.get(step.id, 1), refused,
-            f"left a value in the step the store cannot keep ({refused.field}: {refused.reason}); "
+            f"left a value in {where} the store cannot keep ({refused.field}: {refused.reason}); "
             "that field was put back as last saved"))
 
     def _put_back(self, ex: Execution, step: Step, tokens0: int, cost0: float) -> None:
         """Reset what of `step` the store refuses: tokens and cost to their values before the
         attempt, any other field to its stored value (a load, on this error path only: the
-        agent keeps no copy of each step's metadata per attempt, which every step would pay)."""
+        agent keeps no copy of each step's metadata per attempt, which every step would pay).
+        A run-level field the store refuses (`run.metadata`) is put back as stored the same way."""
         if step.tokens != tokens0:
             step.tokens = tokens0
         if step.cost_usd != cost0:  # NaN != NaN: put back too
             step.cost_usd = cost0
         run_id = ex.run.run_id
         held: Step | None = None
+        stored: AgentRun | None = None
         loaded = False
-        for _ in range(len(Step.model_fields)):  # one field a round, each put back once at most
+        run_fields = AgentRun.model_fields.keys() - _RUN_ONLY
+        for _ in range(len(Step.model_fields) + len(run_fields)):  # each put back once at most
             try:
                 ValuePlanner.check_storable(run_id, step.id, step)
+                ValuePlanner.check_storable(run_id, None, ex.run, exclude=_RUN_ONLY)
                 return
             except UnstorableValueError as exc:
                 name = exc.field.split(".", 1)[0].split("[", 1)[0]
-                if name not in Step.model_fields:
+                of_run = exc.step_id is None  # a run-level field (see `_left_unstorable`)
+                if name not in (run_fields if of_run else Step.model_fields):
                     break
             if not loaded:
                 stored = self.store.load_run(run_id)
                 held = stored.steps.get(step.id) if stored is not None else None
                 loaded = True
-            setattr(step, name, getattr(held, name) if held is not None else
-                    Step.model_fields[name].get_default(call_default_factory=True))
+            if of_run:
+                setattr(ex.run, name, getattr(stored, name) if stored is not None else
+                        AgentRun.model_fields[name].get_default(call_default_factory=True))
+                continue
+            if held is not None:
+                setattr(step, name, getattr(held, name))
+            elif isinstance(now := getattr(step, name), dict):
+                # Never saved (a step added to the run after it was started): there is no last
+                # saved value, and the default ({}) dropped what the step was given, such as
+                # the inputs its executor reads on resume. Only the refused entries go.
+                setattr(step, name, {k: v for k, v in now.items() if isinstance(k, str)
+                                     and codec.json_problem(v, k) is None})
+            else:
+                setattr(step, name, Step.model_fields[name].get_default(call_default_factory=True))
         logger.error("run %s: step %s: could not put back what the store refuses; the stop "
                      "cannot be committed", run_id, step.id)
 

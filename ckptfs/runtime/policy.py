@@ -9,6 +9,8 @@ how long (exponential backoff with jitter, or the `retry_after` a rate-limit err
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 import random
 from dataclasses import dataclass, field
 from typing import Literal
@@ -28,31 +30,52 @@ def _shown(value: object) -> str:
     return repr(value)
 
 
-def require_whole(owner: str, name: str, value: object, least: int | None = None) -> None:
-    """TypeError/ValueError naming `owner.name` unless `value` is an int (>= `least`, if given).
+def require_whole(owner: str, name: str, value: object, least: int | None = None) -> int:
+    """`value` as an int; TypeError/ValueError naming `owner.name` unless it is a whole number
+    (>= `least`, if given).
 
     Checked when a policy is built, not when it is used: a count of "3" raised a bare
     TypeError from a comparison deep inside execute_run (the run left "running"), and a bool
-    is refused because `max_attempts=True` is a mistake, not 1.
+    is refused because `max_attempts=True` is a mistake, not 1. A whole number that is not an
+    int (numpy.int64 from a config or a DataFrame: it has `__index__`, as floats and strings
+    do not) was always taken before these checks, so it still is, returned as a plain int.
     """
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{owner}: {name} must be a whole number, got {_shown(value)} "
-                        f"({type(value).__name__})")
+        whole: int | None = None
+        if not isinstance(value, bool) and hasattr(type(value), "__index__"):
+            try:
+                whole = operator.index(value)  # type: ignore[arg-type]
+            except TypeError:  # numpy.bool_ has one that refuses
+                whole = None
+        if whole is None or isinstance(whole, bool):
+            raise TypeError(f"{owner}: {name} must be a whole number, got {_shown(value)} "
+                            f"({type(value).__name__})")
+        value = int(whole)
     if least is not None and value < least:
         raise ValueError(f"{owner}: {name} must be >= {least}, got {_shown(value)}")
+    return value
 
 
 def require_number(owner: str, name: str, value: object, least: float,
-                   most: float | None = None, unit: str = "") -> None:
-    """TypeError/ValueError naming `owner.name` unless `value` is a finite real in [least, most].
+                   most: float | None = None, unit: str = "") -> int | float:
+    """`value`, as an int or float; TypeError/ValueError naming `owner.name` unless it is a
+    finite real in [least, most].
 
     NaN passes every `<` check (a NaN max_delay was accepted, and every delay became NaN,
     which time.sleep refuses mid-run); an infinite delay sleeps forever or overflows, and so
     does an int past a float (10**400). So only finite numbers are taken, and a bool
-    (`jitter=True`) is a mistake, not 1.0.
+    (`jitter=True`) is a mistake, not 1.0. Another real (numpy.float32, numpy.int64, a
+    Fraction: `numbers.Real`) worked before these checks and still does, as a float; a
+    Decimal is not a Real (its arithmetic with the float multiplier raises) and is refused.
     """
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{owner}: {name} must be a number, got {value!r} ({type(value).__name__})")
+    if not isinstance(value, int | float):
+        try:
+            value = float(value)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise TypeError(f"{owner}: {name} must be a number, got {value!r} "
+                            f"({type(value).__name__})") from exc
     try:
         finite = math.isfinite(value)
     except OverflowError:  # an int no float can hold
@@ -62,6 +85,15 @@ def require_number(owner: str, name: str, value: object, least: float,
     if value < least or (most is not None and value > most):
         bound = f">= {least:g}" if most is None else f"within [{least:g}, {most:.0f}]"
         raise ValueError(f"{owner}: {name} must be {bound}{unit}, got {_shown(value)}")
+    return value
+
+
+def _keep(policy: object, name: str, value: object) -> None:
+    """Set a frozen policy's field to its checked value when that is another object (a
+    numpy.int64 made an int): the policy then holds what `random.Random` and `time.sleep`
+    take, as the check promised."""
+    if getattr(policy, name) is not value:
+        object.__setattr__(policy, name, value)
 
 
 def _require_exceptions(name: str, value: object) -> None:
@@ -103,7 +135,7 @@ class CheckpointPolicy:
         if self.granularity not in _GRANULARITIES:
             raise ValueError(f"CheckpointPolicy: granularity must be one of {_GRANULARITIES}, "
                              f"got {self.granularity!r}")
-        require_whole("CheckpointPolicy", "every_n", self.every_n, 1)
+        _keep(self, "every_n", require_whole("CheckpointPolicy", "every_n", self.every_n, 1))
         if not isinstance(self.durable_attempts, bool):  # "no" would be true
             raise TypeError(f"CheckpointPolicy: durable_attempts must be True or False, "
                             f"got {self.durable_attempts!r}")
@@ -216,20 +248,21 @@ class RetryPolicy:
     never_retry: tuple[type[BaseException], ...] = PROGRAMMING_ERRORS  # last: positional order kept
 
     def __post_init__(self) -> None:
-        require_whole("RetryPolicy", "max_attempts", self.max_attempts, 1)
+        _keep(self, "max_attempts", require_whole("RetryPolicy", "max_attempts", self.max_attempts, 1))
         for name in ("base_delay", "max_delay", "max_retry_after"):  # seconds, slept as given:
             # time.sleep refuses a delay too long for its clock; a schedule's bound is far enough
-            require_number("RetryPolicy", name, getattr(self, name), 0.0, MAX_SCHEDULE_SECONDS,
-                           " seconds (100 years)")
-        require_number("RetryPolicy", "multiplier", self.multiplier, 1.0)
-        require_number("RetryPolicy", "jitter", self.jitter, 0.0, 1.0)
+            _keep(self, name, require_number("RetryPolicy", name, getattr(self, name), 0.0,
+                                             MAX_SCHEDULE_SECONDS, " seconds (100 years)"))
+        _keep(self, "multiplier", require_number("RetryPolicy", "multiplier", self.multiplier, 1.0))
+        _keep(self, "jitter", require_number("RetryPolicy", "jitter", self.jitter, 0.0, 1.0))
         if self.on_exhausted not in ("stop", "fail"):
             raise ValueError(f"RetryPolicy: on_exhausted must be 'stop' or 'fail', "
                              f"got {self.on_exhausted!r}")
         if self.max_total_attempts is not None:
-            require_whole("RetryPolicy", "max_total_attempts", self.max_total_attempts, 1)
-        if self.seed is not None:
-            require_whole("RetryPolicy", "seed", self.seed)
+            _keep(self, "max_total_attempts",
+                  require_whole("RetryPolicy", "max_total_attempts", self.max_total_attempts, 1))
+        if self.seed is not None:  # random.Random takes an int, not a numpy.int64
+            _keep(self, "seed", require_whole("RetryPolicy", "seed", self.seed))
         for name in ("retry_on", "give_up_on", "never_retry"):
             _require_exceptions(name, getattr(self, name))
 
