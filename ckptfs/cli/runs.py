@@ -225,38 +225,51 @@ def _step_doc(state: RunState, step: Step, lease: dict[str, Any] | None) -> dict
 
 
 def _leases(storage: Storage, state: RunState) -> dict[str, dict[str, Any]]:
-    """Who holds the steps still to do, when several workers share the run (store/leases.py)."""
+    """Who holds the steps still to do, when several workers share the run (store/leases.py).
+
+    A lease key that cannot be read (a FIFO, a link) becomes a note: it once made `show` of the
+    whole run exit 1 with nothing shown."""
     from ckptfs.store.leases import read_leases
 
     open_steps = [s.id for s in state.run.steps.values() if s.status.value in ("pending", "running")]
     if not open_steps:
         return {}
     now = time.time()
+    unread: list[str] = []
+    records = read_leases(storage, state.run.run_id, open_steps, unread)
+    state.notes += [f"lease not read, so who holds that step is not shown: {why}" for why in unread]
     return {sid: {"holder": rec.holder, "generation": rec.generation, "ttl_s": rec.ttl,
                   "written_s_ago": round(now - rec.time, 1)}
-            for sid, rec in read_leases(storage, state.run.run_id, open_steps).items() if not rec.released}
+            for sid, rec in records.items() if not rec.released}
 
 
 def _load(storage: Storage, run_id: str, version: int | None, artifacts: bool = True) -> RunState:
     from ckptfs.errors import CheckpointCorruptError, VersionNotFoundError, first_of
     from ckptfs.format.models import validate_id
-    from ckptfs.maintenance.history import load_state
+    from ckptfs.maintenance.history import list_versions, load_state
 
     validate_id(run_id, "run id")
+
+    def no_such_version() -> CliError:
+        have = [i.version for i in list_versions(storage, run_id)]
+        if not have:
+            return run_not_found(run_id, storage.display_url, storage)
+        return CliError(f"run {run_id!r} has no version {version} that loads in "
+                        f"{storage.display_url}; it has {len(have)}: {version_list(have)} "
+                        "(`ckptfs versions` says which a restore can target)", kind="not-found")
+
     # Artifacts resolved (and their sha256 checked) by default: show and diff must report the
     # state a load, and so a resume, returns; one damaged artifact makes that an earlier one.
     try:
         state = load_state(storage, run_id, version, artifacts=artifacts)
     except VersionNotFoundError:
-        from ckptfs.maintenance.history import list_versions
-
-        have = [i.version for i in list_versions(storage, run_id)]
-        if not have:
-            raise run_not_found(run_id, storage.display_url, storage) from None
-        raise CliError(f"run {run_id!r} has no version {version} that loads in "
-                       f"{storage.display_url}; it has {len(have)}: {version_list(have)} "
-                       "(`ckptfs versions` says which a restore can target)", kind="not-found") from None
+        raise no_such_version() from None
     except CheckpointCorruptError as exc:
+        # A version no file of the run ends at was never stored: "no version V" (exit 2), as on
+        # an undamaged store, not "version V could not be loaded" (exit 1) because some lower
+        # file is damaged (a review found `show --version 9` called corrupt beside a torn v5).
+        if version is not None and version not in {i.version for i in list_versions(storage, run_id)}:
+            raise no_such_version() from None
         # files exist but none loads; with a version given, only that one: the others may load.
         # Each distinct reason is named (the load lists each once; the per-attempt lines that
         # also named them are -v's): two damaged artifacts are two reasons, not "first: one".

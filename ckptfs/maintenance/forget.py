@@ -65,6 +65,7 @@ class ForgetReport:
     deleted: list[str] = field(default_factory=list)
     kept: list[tuple[str, str]] = field(default_factory=list)  # (key, why): not ckptfs's
     leases: list[LeaseState] = field(default_factory=list)
+    unread_leases: list[str] = field(default_factory=list)  # "key: why", see _leases
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -80,18 +81,27 @@ class ForgetReport:
                 "refused": self.refused, "ok": self.ok, "versions": self.versions,
                 "files": len(self.deleted), "deleted": self.deleted,
                 "kept": [{"key": k, "why": why} for k, why in self.kept],
-                "leases": [asdict(lease) for lease in self.leases], "errors": self.errors}
+                "leases": [asdict(lease) for lease in self.leases],
+                "unread_leases": self.unread_leases, "errors": self.errors}
 
 
-def _leases(storage: Storage, run_id: str, now: float) -> list[LeaseState]:
+def _leases(storage: Storage, run_id: str, now: float) -> tuple[list[LeaseState], list[str]]:
+    """The run's leases, and the lease keys that cannot be read (a FIFO, a symbolic link).
+
+    Such a key once made the whole forget exit 1, `--force` included, so the run could not be
+    forgotten at all. No worker writes anything but a regular file at a lease key, so it is no
+    worker's claim: it is named in the report and deleted as what it is (a link, not its target).
+    """
     out = []
-    for sid, rec in sorted(read_leases(storage, run_id).items()):
+    unread: list[str] = []
+    records = read_leases(storage, run_id, unread=unread)
+    for sid, rec in sorted(records.items()):
         if rec.released:
             continue
         ago = now - rec.time
         out.append(LeaseState(sid, rec.holder, rec.generation, round(ago, 1), rec.ttl,
                               live=ago < rec.ttl + LEASE_GRACE))
-    return out
+    return out, unread
 
 
 def _order(listing: StoreListing) -> list[str]:
@@ -115,7 +125,9 @@ def forget(storage: Storage, run_id: str, *, dry_run: bool = False, force: bool 
     report.found = True
     report.versions = len({rf.version for found in listing.runs.values() for rf in found})
     report.kept = [(key, why) for key, why, _rid in listing.strays]
-    report.leases = _leases(storage, run_id, time.time())
+    report.leases, report.unread_leases = _leases(storage, run_id, time.time())
+    for why in report.unread_leases:
+        logger.warning("forget %s: lease not read, so it is no worker's claim: %s", run_id, why)
     if report.live_leases and not force:
         report.refused = True
         return report

@@ -40,7 +40,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ckptfs.errors import ConfigError, LeaseLostError
+from ckptfs.errors import ConfigError, CorruptFileError, LeaseLostError
 from ckptfs.format.keys import lease_key
 from ckptfs.format.models import validate_id
 from ckptfs.storage.base import PreconditionFailed, Storage
@@ -90,10 +90,15 @@ class Lease:
         return lease_key(self.run_id, self.step_id)
 
 
-def read_leases(storage: Storage, run_id: str,
-                step_ids: Iterable[str] | None = None) -> dict[str, LeaseRecord]:
+def read_leases(storage: Storage, run_id: str, step_ids: Iterable[str] | None = None,
+                unread: list[str] | None = None) -> dict[str, LeaseRecord]:
     """The stored leases of a run (of `step_ids` only, if given), for people and reports:
-    one LIST, then a GET per lease object wanted. Unreadable objects are left out."""
+    one LIST, then a GET per lease object wanted. Unreadable objects are left out; a key the
+    storage will not read at all (a FIFO, a link, never followed) is added to `unread` as
+    "key: why". It once raised, and one such name made `show` of the run and `forget` of it
+    (`--force` too) exit 1 with nothing shown or deleted, while `verify` called the store
+    clean: leases are hints for people, and no worker writes anything but a regular file there.
+    """
     wanted = None if step_ids is None else set(step_ids)
     prefix = lease_key(run_id, "x").rsplit("/", 1)[0] + "/"
     out: dict[str, LeaseRecord] = {}
@@ -107,6 +112,10 @@ def read_leases(storage: Storage, run_id: str,
         try:
             rec = LeaseManager._parse(key, storage.get(key))
         except FileNotFoundError:
+            continue
+        except CorruptFileError as exc:
+            if unread is not None:
+                unread.append(f"{key}: {exc.reason or exc}")
             continue
         if rec is not None:
             out[sid] = rec
