@@ -10,7 +10,7 @@ import tempfile
 import threading
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
-from typing import Any
+from typing import IO, Any
 
 from ckptfs.errors import CorruptFileError, StorageUnavailableError
 from ckptfs.format.keys import ARTIFACTS, RUNS, run_dirs
@@ -39,6 +39,8 @@ class CopyConflict(Exception):
 
 class CopyMissing(Exception):
     pass
+
+
 
 
 
@@ -139,33 +141,55 @@ class Copier:
         self.progress.done(key, ref.size, False)
         return True
 
+    def _unwritable(self, key: str, exc: FileNotFoundError) -> CopyMissing:
+        """A write to the destination that met FileNotFoundError (its root a dangling symlink,
+        a folder removed under it), named as the destination's. It escaped as the source's:
+        `ckptfs mirror SRC DST` with DST a dangling link listed every artifact as "referenced
+        artifact is missing at the source", sending the operator to a healthy store."""
+        why = exc.strerror if exc.strerror else str(exc)
+        where = f" ({exc.filename})" if exc.filename else ""
+        return CopyMissing(f"{key}: cannot write to the destination {self.dst.display_url}: "
+                           f"{why}{where}")
+
     def _artifact_small(self, src: Storage, ref: ArtifactRef, replace: bool) -> None:
         data = src.get(ref.uri)
         if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256:
             raise CopyMissing(f"{ref.uri}: source artifact does not match its sha256")
-        if replace or not data:
-            etag = self.dst.put(ref.uri, data)  # a damaged object sits at the content key
-        else:
-            try:
-                etag = self.dst.put_if_absent(ref.uri, data)
-            except FileExistsError:
-                etag = ""
+        try:
+            if replace or not data:
+                etag = self.dst.put(ref.uri, data)  # a damaged object sits at the content key
+            else:
+                try:
+                    etag = self.dst.put_if_absent(ref.uri, data)
+                except FileExistsError:
+                    etag = ""
+        except FileNotFoundError as exc:
+            raise self._unwritable(ref.uri, exc) from None
         self._check_upload(ref.uri, data, etag)
 
     def _artifact_large(self, src: Storage, ref: ArtifactRef, replace: bool) -> None:
-        h = hashlib.sha256()
-        n = 0
         with tempfile.SpooledTemporaryFile(max_size=SPOOL) as spool:
-            with src.open_read(ref.uri) as f:
+
+            def read(f: IO[bytes]) -> tuple[int, str]:  # from the start on each try (read_through)
+                h = hashlib.sha256()
+                n = 0
+                spool.seek(0)
+                spool.truncate()
                 while chunk := f.read(CHUNK):
                     h.update(chunk)
                     n += len(chunk)
                     spool.write(chunk)
-            if n != ref.size or h.hexdigest() != ref.sha256:
+                return n, h.hexdigest()
+
+            n, digest = src.read_through(ref.uri, read)
+            if n != ref.size or digest != ref.sha256:
                 raise CopyMissing(f"{ref.uri}: source artifact does not match its sha256")
             spool.seek(0)
-            with contextlib.suppress(FileExistsError):
-                self.dst.put_stream(ref.uri, spool, exclusive=not replace)
+            try:
+                with contextlib.suppress(FileExistsError):
+                    self.dst.put_stream(ref.uri, spool, exclusive=not replace)
+            except FileNotFoundError as exc:
+                raise self._unwritable(ref.uri, exc) from None
         if self._stored_size(ref.uri) != ref.size:
             raise CopyMissing(f"{ref.uri}: upload did not verify (size differs)")
 

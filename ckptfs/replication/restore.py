@@ -340,6 +340,10 @@ def _restore_point(m: Mirror, run_id: str, files: list[RunFile], version: int | 
 
 
 def stage_artifact(src: Storage, stage: Storage, ref: ArtifactRef) -> None:
+    """Fetch one artifact into the stage, its size and sha256 checked. One over the single-GET
+    size streams to disk, read again from its start when the connection is closed mid-body
+    (`Storage.read_through`): that escaped the restore as exit 3, "unexpected ClientPayloadError",
+    on the first dropped connection, where a small artifact's GET is retried."""
     h = hashlib.sha256()
     n = 0
 
@@ -361,8 +365,13 @@ def stage_artifact(src: Storage, stage: Storage, ref: ArtifactRef) -> None:
         if n == ref.size and h.hexdigest() == ref.sha256:
             stage.put(ref.uri, data)
     else:
-        with src.open_read(ref.uri) as f:
+        def stream(f: IO[bytes]) -> None:  # from the start on each try (read_through)
+            nonlocal h, n
+            h, n = hashlib.sha256(), 0
+            stage.delete(ref.uri)  # a try cut short left its part
             stage.put_stream(ref.uri, _Hashing(f))  # type: ignore[arg-type]
+
+        src.read_through(ref.uri, stream)
     if n != ref.size or h.hexdigest() != ref.sha256:
         stage.delete(ref.uri)
         raise CopyMissing(f"{ref.uri}: mirror copy does not match its sha256")

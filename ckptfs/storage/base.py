@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, ClassVar
+from typing import IO, Any, ClassVar, TypeVar
 
 from ckptfs.format.keys import TEMP_MARKER as TEMP_MARKER
 from ckptfs.storage.redact import redact_options, redact_url
+
+_T = TypeVar("_T")
 
 logger = logging.getLogger(__name__)
 
@@ -170,6 +172,16 @@ class Storage(ABC):
 
     @abstractmethod
     def open_read(self, key: str) -> IO[bytes]: ...
+
+    def read_through(self, key: str, read: Callable[[IO[bytes]], _T]) -> _T:
+        """Open `key` and give the stream to `read`, which reads it to its end.
+
+        The unit a retrying storage retries whole (`RetryingStorage.read_through`): a body cut
+        short mid-stream fails in `read`, after `open_read` has returned, where retrying the
+        open alone cannot help. So `read` must start afresh each time it is called.
+        """
+        with self.open_read(key) as f:
+            return read(f)
 
     def modified(self, key: str) -> float:
         """Last modification time (POSIX seconds); prune's artifact grace period needs it.

@@ -295,6 +295,13 @@ class RetryingStorage(Storage):
     def open_read(self, key: str) -> IO[bytes]:
         return self._call("open_read", key, lambda: self.inner.open_read(key))
 
+    def read_through(self, key: str, read: Callable[[IO[bytes]], T]) -> T:
+        """The open and every read after it, retried as one: a connection closed mid-body
+        (aiohttp's ClientPayloadError) surfaced in the reads, past `open_read`'s retries, and
+        a restore of a streamed artifact exited 3 on the first glitch where a small one's GET
+        was retried and converged."""
+        return self._call("read", key, lambda: self.inner.read_through(key, read))
+
     def check(self) -> None:
         self._call("check", "", self.inner.check)
 
