@@ -33,7 +33,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ckptfs.errors import RetriesExhaustedError, RunStoppedError, UnstorableValueError, error_text
+from ckptfs.errors import (
+    RetriesExhaustedError,
+    RunStoppedError,
+    StorageUnavailableError,
+    UnstorableValueError,
+    error_text,
+)
 from ckptfs.format import codec
 from ckptfs.format.models import AgentRun, Step, StepStatus, ToolCall
 from ckptfs.runtime.execution import (
@@ -56,7 +62,7 @@ from ckptfs.runtime.resume import (
     requeue_interrupted,
     reset_failed,
 )
-from ckptfs.runtime.tool_log import ToolLogs, ToolLogState
+from ckptfs.runtime.tool_log import PAID_PHASES, ToolLogs, ToolLogState, write_paid_record
 from ckptfs.runtime.tools import IdempotentToolRunner, UnconfirmedActionError
 from ckptfs.store.checkpoint_store import CheckpointStore
 from ckptfs.store.group_commit import GroupCommitter
@@ -200,19 +206,37 @@ class CheckpointedAgent:
         return run
 
     def record_tool_call(self, run_id: str, step_id: str, tool_call: ToolCall) -> None:
-        """Log a tool call durably, for audit and for the idempotency cache (seed API)."""
+        """Log a tool call durably, for audit and for the idempotency cache (seed API).
+
+        A paid call's record is written again while the store is unavailable (about two
+        minutes, `tool_log.write_paid_record`): given up on at once, the error failed the
+        attempt and its retry paid the call again. A write that landed with its reply lost
+        is no duplicate: the store's `log_tool_call` catches up and skips a logged call."""
         self._after_queued_writes()
-        self._write_tool_call(run_id, step_id, tool_call)
+        self._write_logged(run_id, step_id, tool_call)
         self._tool_logs.add(run_id, step_id, tool_call)
+
+    def _write_logged(self, run_id: str, step_id: str, tool_call: ToolCall) -> None:
+        if tool_call.phase in PAID_PHASES:
+            write_paid_record(lambda: self._write_tool_call(run_id, step_id, tool_call),
+                              f"run {run_id}: step {step_id}: {tool_call.tool_name}")
+        else:
+            self._write_tool_call(run_id, step_id, tool_call)
 
     async def arecord_tool_call(self, run_id: str, step_id: str, tool_call: ToolCall) -> None:
         """`record_tool_call` off the event loop, in order, never cancelled midway (see `_io`)."""
         if type(self)._write_tool_call is CheckpointedAgent._write_tool_call:
             # Durable on return as ever, but it may share a record with other steps' commits
             # arriving meanwhile; an idle writer writes it at once (no batch window).
-            await self._agroup(run_id, tool_calls=[(step_id, tool_call)])
+            try:
+                await self._agroup(run_id, tool_calls=[(step_id, tool_call)])
+            except StorageUnavailableError:
+                if tool_call.phase not in PAID_PHASES:
+                    raise
+                # paid: written again alone, in order on the writer's thread (record_tool_call)
+                await self._io(self._write_logged, run_id, step_id, tool_call)
         else:  # a subclass's own write: keep it as it is, in order on the same thread
-            await self._io(self._write_tool_call, run_id, step_id, tool_call)
+            await self._io(self._write_logged, run_id, step_id, tool_call)
         self._tool_logs.add(run_id, step_id, tool_call)
 
     def pause_run(self, run: AgentRun) -> None:

@@ -17,13 +17,17 @@ import asyncio
 import contextvars
 import hashlib
 import json
+import logging
+import random
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import Future
 from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptfs.errors import StorageUnavailableError
 from ckptfs.format import codec
 from ckptfs.format.models import Step, ToolCall
 from ckptfs.store.checkpoint_store import CheckpointStore
@@ -33,6 +37,50 @@ from ckptfs.store.checkpoint_store import CheckpointStore
 # replay asks the runner's guard; without this record a resume would pay for the call again,
 # and meet the same refusal, on every attempt.
 UNKEPT = "unkept"
+
+logger = logging.getLogger(__name__)
+
+# Phases whose record says a call was paid for: written until durable (`write_paid_record`).
+PAID_PHASES = frozenset({"completed", UNKEPT})
+# While the store is unavailable a paid record is written again: 0.25 s doubling up to 8 s,
+# 20 tries, about two minutes (each try is the storage's own retries too).
+PAID_WRITE_ROUNDS, PAID_WRITE_BACKOFF, PAID_WRITE_MAX_BACKOFF = 20, 0.25, 8.0
+
+
+def write_paid_record(write: Callable[[], object], what: str,
+                      landed: Callable[[], bool] | None = None,
+                      rng: random.Random | None = None) -> None:
+    """`write()` the record of a paid call, again while the store is unavailable (a burst of
+    503s, a dropped connection, past the storage's own retries), for about two minutes.
+
+    The call was paid for. Given up on at once, the StorageUnavailableError went up through the
+    executor as the attempt's failure, and the retry paid the call again with the process alive
+    (a review: a 503 burst on one PUT; the agent and a Worker alike). A write that failed may
+    have landed with its reply lost: `landed()`, asked before each new try, says so (a Worker
+    catches up and looks for the record; the agent's store rebases and skips a call already
+    logged, so it needs none). Errors other than unavailability go up at once.
+    """
+    rng = rng or random.Random()
+    for rounds in range(PAID_WRITE_ROUNDS):
+        try:
+            write()
+            return
+        except StorageUnavailableError as exc:
+            if rounds == PAID_WRITE_ROUNDS - 1:
+                raise
+            delay = min(PAID_WRITE_BACKOFF * 2 ** rounds, PAID_WRITE_MAX_BACKOFF)
+            logger.warning("%s: the record of a paid call was not written (%s); trying again in "
+                           "%.2fs", what, exc, delay)
+        time.sleep(delay * (0.5 + rng.random() / 2))
+        if landed is None:
+            continue
+        try:
+            if landed():
+                logger.info("%s: the record of the paid call had landed", what)
+                return
+        except StorageUnavailableError:
+            continue
+
 
 
 def canonical_json(arguments: Mapping[str, Any]) -> str:

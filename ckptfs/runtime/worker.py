@@ -53,7 +53,7 @@ from ckptfs.runtime.execution import Executor, StepResult, complete_step
 from ckptfs.runtime.host import CURRENT_STEP
 from ckptfs.runtime.policy import RetryPolicy
 from ckptfs.runtime.resume import SKIP_REASON, TOOL_LOG_START, downstream
-from ckptfs.runtime.tool_log import ToolLogs, ToolLogState
+from ckptfs.runtime.tool_log import PAID_PHASES, ToolLogs, ToolLogState, write_paid_record
 from ckptfs.runtime.tools import IdempotentToolRunner, UnconfirmedActionError
 from ckptfs.store.checkpoint_store import CheckpointStore
 from ckptfs.store.leases import DEFAULT_TTL, Heartbeat, Lease, LeaseManager
@@ -346,15 +346,42 @@ class Worker:
         key = (run_id, step_id)
         step, hb = self._steps.get(key), self._beats.get(key)
         if step is None or hb is None:
-            self.store.log_tool_call(run_id, step_id, call)
+            self._until_logged(run_id, step_id, call, lambda: self.store.log_tool_call(run_id, step_id, call))
             return
         try:
-            self._commit_with_retries(run_id, step, hb, call)
+            self._until_logged(run_id, step_id, call,
+                               lambda: self._commit_with_retries(run_id, step, hb, call), claim=key)
         except LeaseLostError as exc:
-            self.store.log_tool_call(run_id, step_id, call)
+            self._until_logged(run_id, step_id, call, lambda: self.store.log_tool_call(run_id, step_id, call))
             logger.warning("run %s: step %s: %s; the paid result of %s is logged for the holder",
                            run_id, step_id, exc, call.tool_name)
             raise
+
+    def _until_logged(self, run_id: str, step_id: str, call: ToolCall, write: Callable[[], object],
+                      claim: tuple[str, str] | None = None) -> None:
+        """`write()` the record of `call` until durable (`tool_log.write_paid_record`).
+
+        A failed write may have landed with its reply lost: the run is caught up, and if this
+        very record (id, phase, time) is in the step's log it is durable, and the claim it
+        carried (`claim`) is made; a retried claim would be refused by that very record as
+        another holder's of the same generation (a review with a 503 burst behind a proxy).
+        """
+        if call.phase not in PAID_PHASES:  # nothing paid yet (an intent) or nothing to keep: once
+            write()
+            return
+
+        def landed() -> bool:
+            self.store.refresh(run_id)
+            ident = (call.id, call.phase, call.timestamp)
+            if not any((c.id, c.phase, c.timestamp) == ident
+                       for c in self.store.get_tool_call_history(run_id, step_id)):
+                return False
+            if claim is not None:
+                with self._claim_lock:
+                    self._claimed.add(claim)
+            return True
+
+        write_paid_record(write, f"run {run_id}: step {step_id}: {call.tool_name}", landed, self._rng)
 
     def _commit_with_retries(self, run_id: str, step: Step, hb: Heartbeat,
                              call: ToolCall | None = None, tokens: int = 0, cost: float = 0.0) -> None:
