@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus, ToolCall
-from ckptfs.errors import ConflictError, NonFiniteValueError
+from ckptfs.errors import ConflictError, NonFiniteValueError, RunStoppedError
 from ckptfs.runtime.agent import CheckpointedAgent
 from ckptfs.runtime.execution import ProgressEvent
 from ckptfs.store.group_commit import GroupCommitter, GroupPart
@@ -174,8 +174,11 @@ def test_a_refused_step_fails_alone_and_its_batchmates_land(tmp_path: Path) -> N
             step.metadata["score"] = float("nan")  # no load could give it back
         return "ok"
 
-    with pytest.raises(NonFiniteValueError, match="'s3'"):
+    # refused by name before its commit, the run stopped at it (RunStoppedError, the stop
+    # committed; before, the bare NonFiniteValueError of the record that refused it)
+    with pytest.raises(RunStoppedError, match="'s3'") as info:
         asyncio.run(agent.aexecute_run(run, executor, concurrency=8))
+    assert isinstance(info.value.cause, NonFiniteValueError)
     store.close()
     loaded = fresh(url, "b")
     assert loaded.steps["s3"].status != StepStatus.COMPLETED

@@ -245,8 +245,9 @@ def _leases(storage: Storage, state: RunState) -> dict[str, dict[str, Any]]:
 
 def _load(storage: Storage, run_id: str, version: int | None, artifacts: bool = True) -> RunState:
     from ckptfs.errors import CheckpointCorruptError, VersionNotFoundError, first_of
+    from ckptfs.format.keys import blocked_run_dirs, run_prefix
     from ckptfs.format.models import validate_id
-    from ckptfs.maintenance.history import list_versions, load_state
+    from ckptfs.maintenance.history import list_versions, load_state, run_files
 
     validate_id(run_id, "run id")
 
@@ -268,8 +269,12 @@ def _load(storage: Storage, run_id: str, version: int | None, artifacts: bool = 
         # A version no file of the run ends at was never stored: "no version V" (exit 2), as on
         # an undamaged store, not "version V could not be loaded" (exit 1) because some lower
         # file is damaged (a review found `show --version 9` called corrupt beside a torn v5).
-        if version is not None and version not in {i.version for i in list_versions(storage, run_id)}:
-            raise no_such_version() from None
+        # Unless a run folder is a link or a file: what it holds is unknown, V may be there.
+        if version is not None:
+            keys = storage.list(run_prefix(run_id))
+            if not blocked_run_dirs(keys) and version not in {
+                    rf.version for rf in run_files(storage, run_id, keys)}:
+                raise no_such_version() from None
         # files exist but none loads; with a version given, only that one: the others may load.
         # Each distinct reason is named (the load lists each once; the per-attempt lines that
         # also named them are -v's): two damaged artifacts are two reasons, not "first: one".
