@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ from backends.s3.embedded import EmbeddedS3, free_port
 from ckptfs.cli import main as cli_main
 from ckptfs.cli._common import CliError
 from ckptfs.cli._options import storage_options_from_args
+from ckptfs.maintenance.verify import TEMP_GRACE
 from ckptfs.storage.registry import open_storage
 from tests.test_integrity_support import all_files, build_store
 
@@ -80,12 +83,36 @@ def test_leftovers_count_as_problems(base_store: Path, tmp_path: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     root = tmp_path / "s"
     shutil.copytree(base_store, root)
-    (root / "runs" / "alpha" / "log" / ".000000000099.ckpt.tmp-abc").write_bytes(b"x")
+    temp = root / "runs" / "alpha" / "log" / ".000000000099.ckpt.tmp-abc"
+    temp.write_bytes(b"x")
+    stale = time.time() - 3600  # left by a crash an hour ago
+    os.utime(temp, (stale, stale))
     (root / "notes.txt").write_text("hello")
     code, out, _ = run_cli(capsys, "verify", str(root), "--json")
     doc = json.loads(out)
     assert code == 1 and doc["counts"] == {"error": 0, "warning": 2, "info": 0}
     assert {f["code"] for f in doc["findings"]} == {"temp-file", "stray"}
+
+
+def test_a_temp_file_of_a_write_in_flight_is_no_problem(base_store: Path, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Live writers make temp files (a LangGraph saver's lease keeper rewrites its lease through
+    one every few seconds, a Worker's heartbeat too): a verify beside a running agent found one
+    now and then and exited 1 on a healthy store. A young one is info; past the grace, a leftover."""
+    root = tmp_path / "s"
+    shutil.copytree(base_store, root)
+    (root / "langgraph" / "leases").mkdir(parents=True)
+    temp = root / "langgraph" / "leases" / ".t.lease.tmp-84b971a91"
+    temp.write_bytes(b"{}")
+    code, out, _ = run_cli(capsys, "verify", str(root), "--json")
+    doc = json.loads(out)
+    assert code == 0, doc
+    assert [(f["severity"], f["code"], f["key"]) for f in doc["findings"]] == [
+        ("info", "temp-file-young", "langgraph/leases/.t.lease.tmp-84b971a91")]
+    stale = time.time() - TEMP_GRACE - 5
+    os.utime(temp, (stale, stale))
+    code, out, _ = run_cli(capsys, "verify", str(root), "--json")
+    assert code == 1 and [f["code"] for f in json.loads(out)["findings"]] == ["temp-file"]
 
 
 def s3_args(endpoint: str) -> list[str]:

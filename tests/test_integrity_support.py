@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -218,5 +219,7 @@ def mutate(root: Path, rng: random.Random, kind: str, referenced: list[str]) -> 
         d, name = base.rsplit("/", 1)
         key = f"{d}/.{name}.tmp-{rng.randbytes(6).hex()}"
         (root / key).write_bytes(rng.randbytes(rng.randrange(0, 200)))
+        stale = time.time() - 3600  # a crash's leftover, found by the next verify: past TEMP_GRACE
+        os.utime(root / key, (stale, stale))
         return Mutation(kind, {key}, {key: None})
     raise ValueError(kind)

@@ -54,6 +54,9 @@ from ckptfs.storage.registry import list_keys, open_target
 
 logger = logging.getLogger(__name__)
 
+# A temp file younger than this is taken for a write in flight (see _report_temp_files).
+TEMP_GRACE = 600.0
+
 LEVELS = ("structure", "data")
 SEVERITIES = ("error", "warning", "info")
 _CHUNK = 1024 * 1024
@@ -260,6 +263,32 @@ def verify(
     return report
 
 
+def _report_temp_files(storage: Storage, report: Report, keys: Iterable[str]) -> None:
+    """A temp file is a leftover (warning) once older than TEMP_GRACE; a younger one is a write
+    in flight (info). Every live writer on local disk makes them: a LangGraph saver's lease
+    keeper or a Worker's heartbeat rewrites its lease through one every few seconds, so a
+    nightly verify beside a running agent now and then found one and exited 1 on a healthy
+    store. Only local disk writes through temp files: elsewhere (S3) one is a leftover at once,
+    and so is one whose age the storage cannot tell."""
+    now = time.time()
+    local = storage.local_root() is not None
+    for key in keys:
+        if not local:
+            report.add("warning", "temp-file", "temp file left by an interrupted write", key)
+            continue
+        try:
+            age = now - storage.modified(key)
+        except FileNotFoundError:
+            continue  # renamed into place meanwhile: the write finished
+        except (NotImplementedError, OSError):
+            age = TEMP_GRACE
+        if age < TEMP_GRACE:
+            report.add("info", "temp-file-young", f"temp file of a write in flight ({age:.0f} s old; a "
+                       f"leftover after {TEMP_GRACE / 60:.0f} minutes)", key)
+        else:
+            report.add("warning", "temp-file", "temp file left by an interrupted write", key)
+
+
 def _verify(checker: _Checker, storage: Storage, report: Report, run_id: str | None) -> None:
     keys = list_keys(storage, f"{RUNS}/{run_id}/" if run_id is not None else "")
     if not keys:
@@ -269,8 +298,7 @@ def _verify(checker: _Checker, storage: Storage, report: Report, run_id: str | N
         report.add("info", "empty", "nothing is stored under this URL")
         return
     listing = classify(keys)
-    for key in listing.temp:
-        report.add("warning", "temp-file", "temp file left by an interrupted write", key)
+    _report_temp_files(storage, report, listing.temp)
     # a run folder that is no directory hides every version stored behind it from every load,
     # mirror and prune (each says so): an error, not a stray name
     blocked = set(blocked_run_dirs(keys))
