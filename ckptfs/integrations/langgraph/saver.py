@@ -1185,8 +1185,11 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         which may name removed objects (a checkpoint referring to them was acknowledged and
         unreadable elsewhere)."""
         if self.leases is None:
-            with self._gated(thread_id, erase):
+            gate = self._enter_gate(thread_id, erase)
+            try:
                 yield None
+            finally:
+                self._leave_gate(thread_id, gate)
             return
         tenure = self.leases.begin(thread_id, wait=self.busy_timeout, fresh=fresh)
         with self._lock:
@@ -1195,27 +1198,41 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 self._wrote &= set(self.leases.holding())
         done = False
         try:
-            with self._gated(thread_id, erase):
+            gate = self._enter_gate(thread_id, erase)
+            try:
                 yield tenure
+            finally:
+                self._leave_gate(thread_id, gate)
             done = True
         finally:
             self.leases.end(thread_id, tenure, confirm=done and confirm)
 
-    @contextlib.contextmanager
-    def _gated(self, thread_id: str, erase: bool) -> Iterator[None]:
+    def _enter_gate(self, thread_id: str, erase: bool) -> threading.Event | None:
+        """Pass the thread's gate (`erasures.py`): a removal's event, or None for a write, which
+        first forgets what this saver knew of the thread if a removal came since its last write.
+        Plain calls, not a context manager: every put passes here (see erasures.py)."""
         if erase:
-            with erasures.erasing(self._store_key, thread_id):
-                yield
-            return
-        with erasures.writing(self._store_key, thread_id) as epoch:
-            with self._lock:
-                last = self._epochs.get(thread_id)
+            return erasures.enter_erase(self._store_key, thread_id)
+        epoch = erasures.enter_write(self._store_key, thread_id)
+        try:
+            last = self._epochs.get(thread_id)  # one dict read and write: atomic, no lock needed
+            if last != epoch:
                 self._epochs[thread_id] = epoch
-            if last is not None and last != epoch:
-                logger.debug("thread %s: removed by another saver of this process since this one "
-                             "wrote it; what this saver knew of it is forgotten", shown(thread_id))
-                self._forget_removed(thread_id)
-            yield
+                if last is not None:
+                    logger.debug("thread %s: removed by another saver of this process since this "
+                                 "one wrote it; what this saver knew of it is forgotten",
+                                 shown(thread_id))
+                    self._forget_removed(thread_id)
+        except BaseException:
+            erasures.leave_write(self._store_key, thread_id)
+            raise
+        return None
+
+    def _leave_gate(self, thread_id: str, gate: threading.Event | None) -> None:
+        if gate is None:
+            erasures.leave_write(self._store_key, thread_id)
+        else:
+            erasures.leave_erase(self._store_key, thread_id, gate)
 
     def _forget_removed(self, thread_id: str) -> None:
         """All this saver remembers of a thread whose objects may have been removed."""
