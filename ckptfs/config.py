@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -62,6 +63,9 @@ def json_object_env(var: str, raw: str) -> dict[str, Any]:
         value = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"${var}: not valid JSON (line {exc.lineno}, column {exc.colno})") from None
+    except ValueError:  # an integer longer than Python converts: it was "internal", exit 3
+        raise ConfigError(f"${var}: holds a number of more than {sys.get_int_max_str_digits()} "
+                          "digits") from None
     if not isinstance(value, dict):
         raise ConfigError(f"${var}: must be a JSON object")
     return value
@@ -232,7 +236,12 @@ def _not_a_file(file: Path) -> str:
 
 
 def _read_toml(file: Path, via: str) -> dict[str, Any]:
-    """The TOML document in a regular file; ConfigError naming the file for anything else."""
+    """The TOML document in a regular file; ConfigError naming the file for anything else.
+
+    A UTF-8 byte-order mark (Notepad writes one) is read past: tomllib refused it with "Invalid
+    statement (at line 1, column 1)" on a file that looks right in every editor. An integer
+    longer than Python converts (`keep_last = 999...`, 5,000 digits) is tomllib's plain
+    ValueError, not a TOMLDecodeError: it was "unexpected ValueError", exit 3, not a config error."""
     try:
         with open(file, "rb") as f:
             data = f.read(MAX_CONFIG_BYTES + 1)
@@ -243,9 +252,12 @@ def _read_toml(file: Path, via: str) -> dict[str, Any]:
         raise ConfigError(f"config file {str(file)!r} ({via}) is larger than "
                           f"{MAX_CONFIG_BYTES} bytes: not a settings file")
     try:
-        return tomllib.loads(data.decode("utf-8"))
+        return tomllib.loads(data.decode("utf-8-sig"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{file}: not valid TOML: {exc}") from None
+    except ValueError:
+        raise ConfigError(f"{file}: holds a number of more than {sys.get_int_max_str_digits()} "
+                          "digits: not a setting") from None
 
 
 def load_settings(path: str | os.PathLike[str] | None = None,
@@ -257,7 +269,10 @@ def load_settings(path: str | os.PathLike[str] | None = None,
     doc: dict[str, Any] = {}
     where = "defaults"
     via = "--config" if path is not None else f"${CONFIG_ENV}" if explicit else "the default"
-    if explicit and not file.is_file():
+    # The default file is optional, but one that is there and is no regular file (a dangling
+    # symlink to /etc, a directory, a FIFO, a symlink loop) is a config the operator meant:
+    # running on the defaults instead sent `prune` and `forget` to ./agent_checkpoints.
+    if (explicit or os.path.lexists(file)) and not file.is_file():
         raise ConfigError(f"config file {str(file)!r} ({via}) {_not_a_file(file)}")
     if file.is_file():
         where = str(file)

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ckptfs.cli._common import EXIT_USAGE, CliError, Output, fail, run_command
+from ckptfs.cli._common import EXIT_USAGE, CliError, Output, fail, reader_gone, run_command
 
 COMMAND_MODULES = ("ckptfs.cli.runs", "ckptfs.cli.maintenance", "ckptfs.cli.replication",
                    "ckptfs.cli.langgraph")
@@ -67,9 +68,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _printable_output() -> None:
+    """Text the output's encoding cannot hold is spelled out (`\\xe9`), not fatal.
+
+    Under PYTHONIOENCODING=ascii (or a locale whose codec lacks a character) a run id, a goal
+    or a path with one non-ASCII character stopped `runs` and `show` with "unexpected
+    UnicodeEncodeError", exit 3, the table half-written. stderr already does this by default;
+    `--json` escapes everything non-ASCII anyway."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+            stream.reconfigure(errors="backslashreplace")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from ckptfs.cli._logging import configure
 
+    _printable_output()
     argv = list(sys.argv[1:] if argv is None else argv)
     Output.json = "--json" in argv  # before parsing, so that a usage error is JSON too
     Output.command = next((a for a in argv if not a.startswith("-")), "")
@@ -83,7 +97,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry() -> None:
-    raise SystemExit(main())
+    """The `ckptfs` executable. A reader that closed the pipe (`ckptfs show ... --json | head
+    -c 10`) is no error: the command stops quietly with 141 (`reader_gone`). It printed a
+    BrokenPipeError traceback, exit 1, where --json met it: the write failed, the failure was
+    reported as "internal" in JSON, and that write failed too."""
+    try:
+        code = main()
+    except BrokenPipeError:
+        code = reader_gone()
+    raise SystemExit(code)
 
 
 __all__ = ["CliError", "build_parser", "entry", "main"]

@@ -11,15 +11,19 @@ Codes (exit code): usage (2), config (2), not-found (2), empty (2: nothing is st
 unreachable (2: the store cannot be reached), not-writable (2: a read-only directory or mount),
 no-space (2: a full disk), corrupt (1), conflict (1), lease-held (1: forget
 refused a run a worker holds), interrupted (130), internal (3: a bug; -vv logs the traceback).
+A reader that stops reading (`ckptfs runs | head -1`) ends the command quietly with 141, what a
+shell reports for a program SIGPIPE stopped (`reader_gone`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import functools
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -50,6 +54,8 @@ EXIT_PROBLEMS = 1
 EXIT_USAGE = 2
 EXIT_INTERNAL = 3
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader of stdout went away
+MIN_COLUMNS = 20  # a narrower width is no terminal a table is read in (COLUMNS=0, COLUMNS=5)
 
 # error code -> exit code
 ERROR_EXIT = {"usage": EXIT_USAGE, "config": EXIT_USAGE, "not-found": EXIT_USAGE, "empty": EXIT_USAGE,
@@ -65,20 +71,57 @@ class Output:
     command = ""
 
 
+def _console(stderr: bool) -> Console:
+    """A rich console that leaves a closed pipe to `reader_gone` and never renders at a width
+    no table or line fits in.
+
+    Rich's own answer to a reader that went away (`ckptfs verify STORE | head -1`) is exit 1,
+    which is verify's and prune's "problems found": a clean store read through `head` reported
+    damage to a `set -o pipefail` script. Here the BrokenPipeError goes on to `entry`, which
+    exits 141 without a word.
+
+    `COLUMNS=0` (some CI runners and editors' shells export it) made rich render at width 0:
+    every table, summary and even the `error:` line came out empty, a failing command silent
+    but for its exit code; `COLUMNS=5` cut every run id to five characters. Below MIN_COLUMNS
+    the width is taken as unknown: 80, rich's default, and the terminal wraps what it must."""
+    from rich.console import Console
+
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError(errno.EPIPE, "the reader of the output went away")
+
+    console = PipeConsole(stderr=stderr)
+    if console.width < MIN_COLUMNS:
+        console.width = 80
+    return console
+
+
 @functools.cache
 def out() -> Console:
     """The stdout console (tables, summaries), made on first use: `--help` never imports rich."""
-    from rich.console import Console
-
-    return Console()
+    return _console(stderr=False)
 
 
 @functools.cache
 def err() -> Console:
     """The stderr console (progress, warnings, errors)."""
-    from rich.console import Console
+    return _console(stderr=True)
 
-    return Console(stderr=True)
+
+def reader_gone() -> int:
+    """The exit code of a command whose reader closed the pipe (`| head -1`), after pointing
+    stdout and stderr at /dev/null: what is still buffered for them is dropped at exit instead
+    of ending in "Exception ignored ... BrokenPipeError". Nothing is said: nobody is reading."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return EXIT_BROKEN_PIPE
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError, AttributeError):  # no fd: a test's capture
+            os.dup2(devnull, stream.fileno())
+    os.close(devnull)
+    return EXIT_BROKEN_PIPE
 
 
 Handler = Callable[[argparse.Namespace], int]
@@ -163,8 +206,11 @@ def fail(kind: str, message: str, code: int | None = None, extra: dict[str, Any]
     label = "corrupt" if kind == "corrupt" else "error"
     err().print(Text.assemble((f"{label}: ", "red"), message), soft_wrap=True)
     if Output.json:
-        emit_json({"command": SCRUBBER.scrub(Output.command), **(extra or {}), "ok": False,
-                   "error": {"code": kind, "message": message}, "exit_code": exit_code})
+        try:
+            emit_json({"command": SCRUBBER.scrub(Output.command), **(extra or {}), "ok": False,
+                       "error": {"code": kind, "message": message}, "exit_code": exit_code})
+        except BrokenPipeError:  # nobody reads the document; the error stands, and its code
+            reader_gone()
     return exit_code
 
 
@@ -193,6 +239,8 @@ def run_command(args: argparse.Namespace) -> int:
         return fail("usage", str(exc))
     except KeyboardInterrupt:
         return fail("interrupted", "interrupted")
+    except BrokenPipeError:  # the reader went away: `entry` exits quietly, not "internal"
+        raise
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the machine's state, not a bug
             logger.debug("no space", exc_info=True)

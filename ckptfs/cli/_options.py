@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -203,7 +204,11 @@ def parse_items(items: list[str], flag: str) -> dict[str, Any]:
             if not isinstance(nxt, dict):
                 raise CliError(f"{flag} {key}: {p!r} is already a plain value")
             target = nxt
-        target[parts[-1]] = _value(parts[-1], raw)
+        try:
+            target[parts[-1]] = _value(parts[-1], raw)
+        except ValueError:  # digits past Python's conversion limit: was "internal", exit 3
+            raise CliError(f"{flag} {key}: a number of more than {sys.get_int_max_str_digits()} "
+                           "digits") from None
     return opts
 
 
