@@ -89,6 +89,14 @@ _GroupPlan = tuple[Changes, dict[str, codec.Fragment | None], list[PendingArtifa
 
 STREAM_BODIES_OVER = 8 << 20  # a delta or snapshot body larger than this is encoded streaming
 RESUMABLE_STATUSES = frozenset({"running", "paused", "failed"})
+# Loads of a run whose files vanish under them, before the FileNotFoundError is the caller's.
+# A file vanishes only because the writer's retention removed it, which it does only once a
+# newer snapshot is written, so each attempt lists a newer run. Three were too few beside a
+# writer with an aggressive policy (keep_last=1, a snapshot every few commits): a reader in
+# another process looping `load_run` got FileNotFoundError in 36 of 200 loads (a hostile
+# review; on S3, 55 of 60). From the third attempt on, each
+# waits a few ms (at most ~0.1 s), so a reader never spins against a writer on a busy core.
+LOAD_ATTEMPTS = 25
 
 
 
@@ -881,14 +889,16 @@ class CheckpointStore:
         # Seeding inside the pause too: what the load and the head keep is promoted at once
         # (gc_paused), not walked by the next young collection.
         with gc_paused(promote=True):
-            for attempt in range(3):
+            for attempt in range(LOAD_ATTEMPTS):
                 try:
                     got = self._loader.load(run_id, target, resolve)
                     break
                 except FileNotFoundError:
-                    if attempt == 2:
+                    if attempt == LOAD_ATTEMPTS - 1:
                         raise
                     logger.info("run %s: a file vanished during load (retention?); reloading", run_id)
+                    if attempt >= 2:
+                        _backoff(min(attempt - 2, 4))
             if got is None:
                 return None
             self.last_load = got.info
