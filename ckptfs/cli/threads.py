@@ -121,8 +121,36 @@ def _namespaces(storage: Storage, thread_seg: str) -> Iterator[list[Namespace]]:
                 elif rest[0] == "writes" and len(rest) >= 2:
                     cid = lg_decode(rest[1])
                     ns.writes[cid] = ns.writes.get(cid, 0) + 1
+            if seg.startswith("~"):
+                ns.ns = _hashed_ns(reader, seg, gkeys, group) or ns.ns
             out_.append(ns)
         yield out_
+
+
+def _hashed_ns(reader: Storage, seg: str, keys: list[str], group: str) -> str | None:
+    """The namespace a hashed segment ("~" + sha256) stands for, from its objects' headers.
+
+    A namespace whose encoding passes 200 characters (subgraphs nested four or five deep:
+    "outer:<uuid>|inner:<uuid>|...") is stored under a hash and named only inside each object.
+    Shown as the segment, `threads` and `show --thread` (and their --json) gave "~9f3c..." where
+    the saver's own `list()` gives the namespace, so the two never matched. One header is read
+    (the newest checkpoint's, else a held one's), and kept only if it hashes to the segment."""
+    from ckptfs.integrations.langgraph import codec as lgcodec
+    from ckptfs.integrations.langgraph.keys import lg_ns_segment
+
+    def kind(key: str) -> tuple[str, ...]:
+        return tuple(key[len(group):].split("/"))
+
+    ckpts = sorted((k for k in keys if len(kind(k)) == 2 and kind(k)[0] == "ckpt"), reverse=True)
+    held = sorted(k for k in keys if len(kind(k)) == 2 and kind(k)[0] == "held")
+    for key in ckpts[:1] + held[:1]:
+        try:
+            ns = lgcodec.unpack(reader.get(key), key).header.get("ns")
+            if isinstance(ns, str) and lg_ns_segment(ns) == seg:
+                return ns
+        except (CkptfsError, FileNotFoundError, ValueError):
+            continue
+    return None
 
 
 def thread_name(storage: Storage, seg: str) -> str | None:
@@ -192,10 +220,12 @@ def _metadata(obj: Any) -> dict[str, Any]:
 def show_thread(args: argparse.Namespace, storage: Storage) -> int:
     """`ckptfs show URL --thread T`: the thread's checkpoints, newest first."""
     from ckptfs.integrations.langgraph import codec as lgcodec
-    from ckptfs.integrations.langgraph.keys import lg_thread_segment
+    from ckptfs.integrations.langgraph.keys import lg_thread_segment, lg_threads_prefix
 
     seg = lg_thread_segment(args.thread)
-    if seg not in thread_ids(storage):
+    # a deleted thread leaves its empty directory on local disk: `threads` does not list it, and
+    # `show --thread` must not show it as a thread with no checkpoints either (exit 0, "[]")
+    if seg not in thread_ids(storage) or not storage.list(f"{lg_threads_prefix()}{seg}/"):
         raise CliError(f"thread {clip(args.thread)!r} not found in {storage.display_url}", kind="not-found")
     rows: list[dict[str, Any]] = []
     damaged: list[dict[str, Any]] = []
