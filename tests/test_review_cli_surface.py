@@ -168,3 +168,19 @@ def test_no_default_config_file_still_means_the_defaults(tmp_path: Path) -> None
     got = ckptfs("config", "show", "--json", cwd=tmp_path)
     assert got.returncode == 0, got.stderr
     assert json.loads(got.stdout)["store"]["url"] == "agent_checkpoints"
+
+
+@pytest.mark.parametrize(("args", "names"), [
+    (["prune", "--artifact-grace", "", "--dry-run"], "--artifact-grace"),
+    (["verify", "--subset", "5/3"], "--subset"),
+    (["verify", "--subset", "0/3", "--json"], "--subset"),
+])
+def test_a_bad_maintenance_option_is_a_usage_error_naming_it(store: Path, tmp_path: Path, args: list[str],
+                                                             names: str) -> None:
+    """`--artifact-grace ""` (a `"$GRACE"` left unset) silently meant 24 hours; `--subset 5/3`
+    was error code "config", as if a settings file were wrong. Both: usage, exit 2, named."""
+    got = ckptfs(args[0], str(store), *args[1:], cwd=tmp_path)
+    assert got.returncode == 2, (got.stdout, got.stderr)
+    assert names in got.stderr and "Traceback" not in got.stderr
+    if "--json" in args:
+        assert json.loads(got.stdout)["error"]["code"] == "usage"

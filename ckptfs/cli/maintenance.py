@@ -73,8 +73,14 @@ def register(sub: Any) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from ckptfs.maintenance.verify import verify
+    from ckptfs.errors import ConfigError
+    from ckptfs.maintenance.verify import parse_subset, verify
 
+    if args.subset is not None:  # a bad K/N is the command line's (usage), not the config's
+        try:
+            parse_subset(args.subset)
+        except ConfigError as exc:
+            raise CliError(f"--subset: {exc}") from None
     target = store_target(args)
     level = "data" if args.data else "structure"
     if args.subset_runs and not args.subset:
@@ -134,11 +140,10 @@ def _render_report(report: Report) -> None:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     from ckptfs.cli._render import Col, print_table
-    from ckptfs.maintenance.prune import DEFAULT_ARTIFACT_GRACE, parse_duration, prune
+    from ckptfs.maintenance.prune import parse_duration, prune
 
-    try:
-        grace = (parse_duration(args.artifact_grace, allow_zero=True) if args.artifact_grace
-                 else DEFAULT_ARTIFACT_GRACE)
+    try:  # "" too: `--artifact-grace "$GRACE"` with GRACE unset silently meant 24h
+        grace = parse_duration(args.artifact_grace, allow_zero=True)
     except ValueError as exc:
         raise CliError(f"--artifact-grace: {exc}") from None
     target = store_target(args)
