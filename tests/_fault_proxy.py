@@ -10,6 +10,9 @@ rule picks a `Fault` (or None: forward it as it is):
 * `drop="after"`: forward the request, let it take effect upstream, then close the connection
   without a reply. The client sees a dropped connection for a write that *landed*: the fault
   that makes a retried conditional PUT meet its own object.
+* `cut=N`: forward the request; a GET whose reply body is longer than N bytes gets its headers
+  (the full Content-Length) and half its body, then the connection closes: a body cut short
+  mid-stream, which fails in the client's reads, after its request returned.
 
 Everything binds 127.0.0.1; every request is bounded (upstream timeout, bounded delays), and
 the proxy counts what it did, per kind, so a test can show its faults really happened.
@@ -62,6 +65,7 @@ class Fault:
     status: int | None = None
     code: str = "ServiceUnavailable"
     drop: Literal["before", "after"] | None = None
+    cut: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.delay <= MAX_DELAY:
@@ -111,6 +115,7 @@ class FaultProxy:
         self.rule = rule
         self.counts: Counter[str] = Counter()
         self.landed_then_dropped: list[tuple[str, str]] = []
+        self.cut_paths: list[str] = []  # paths whose reply body was cut short (`Fault.cut`)
         self._lock = threading.Lock()
         self._n = 0
         proxy = self
@@ -180,7 +185,9 @@ class FaultProxy:
                         proxy.landed_then_dropped.append((self.command, self.path))
                     self._hang_up()
                     return
-                proxy._count("forwarded")
+                chop = (fault.cut is not None and self.command == "GET" and resp.status in (200, 206)
+                        and len(data) > fault.cut)
+                proxy._count("cut" if chop else "forwarded")
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
                     if k.lower() not in (*_HOP_BY_HOP, "server", "date"):
@@ -189,6 +196,14 @@ class FaultProxy:
                 length = resp.getheader("Content-Length") if self.command == "HEAD" else None
                 self.send_header("Content-Length", length or str(len(data)))
                 self.end_headers()
+                if chop:
+                    with proxy._lock:
+                        proxy.cut_paths.append(self.path.split("?")[0])
+                    with contextlib.suppress(OSError):
+                        self.wfile.write(data[: len(data) // 2])
+                        self.wfile.flush()
+                    self._hang_up()
+                    return
                 if self.command != "HEAD":
                     self.wfile.write(data)
 

@@ -16,18 +16,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from _fault_proxy import Fault, FaultProxy, Request
 
@@ -74,78 +70,22 @@ def no_secret(p: subprocess.CompletedProcess[str]) -> None:
     assert "Traceback" not in p.stderr
 
 
-class CutProxy:
-    """A loopback proxy that forwards every request and, for a GET `cut(path, n, size)` picks
-    (n: the how-many-th GET of that path), sends the full headers, half the body, and hangs up."""
+def cuts(*, first_only: bool, over: int = 1024, where: str = "") -> Callable[[Request], Fault | None]:
+    """A FaultProxy rule cutting GET bodies over `over` bytes short mid-stream: every one, or
+    only the first GET of each path (`first_only`), of paths holding `where`."""
+    seen: collections.Counter[str] = collections.Counter()
+    lock = threading.Lock()
 
-    def __init__(self, upstream: str, cut: Callable[[str, int, int], bool]) -> None:
-        parts = urlsplit(upstream)
-        assert parts.hostname == "127.0.0.1"
-        host, port = parts.hostname, parts.port or 80
-        self.cuts: list[str] = []
-        seen: collections.Counter[str] = collections.Counter()
-        lock = threading.Lock()
-        proxy = self
+    def rule(req: Request) -> Fault | None:
+        path = req.path.split("?")[0]
+        if req.method != "GET" or where not in path:
+            return None
+        with lock:
+            seen[path] += 1
+            n = seen[path]
+        return Fault(cut=over) if n == 1 or not first_only else None
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                return None
-
-            def _handle(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
-                headers = {k: v for k, v in self.headers.items()
-                           if k.lower() not in ("connection", "content-length", "transfer-encoding")}
-                headers["Content-Length"] = str(len(body))
-                conn = http.client.HTTPConnection(host, port, timeout=30)
-                try:
-                    conn.request(self.command, self.path, body=body, headers=headers)
-                    resp = conn.getresponse()
-                    data = resp.read()
-                finally:
-                    conn.close()
-                path = self.path.split("?")[0]
-                with lock:
-                    seen[self.command + path] += 1
-                    n = seen[self.command + path]
-                chop = (self.command == "GET" and resp.status in (200, 206) and len(data) > 1024
-                        and cut(path, n, len(data)))
-                self.send_response(resp.status)
-                for k, v in resp.getheaders():
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length", "server",
-                                         "date"):
-                        self.send_header(k, v)
-                length = resp.getheader("Content-Length") if self.command == "HEAD" else None
-                self.send_header("Content-Length", length or str(len(data)))
-                self.end_headers()
-                if self.command == "HEAD":
-                    return
-                if chop:
-                    with lock:
-                        proxy.cuts.append(path)
-                    self.close_connection = True
-                    with contextlib.suppress(OSError):
-                        self.wfile.write(data[: len(data) // 2])
-                        self.wfile.flush()
-                        self.connection.shutdown(socket.SHUT_RDWR)
-                    return
-                self.wfile.write(data)
-
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> CutProxy:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    return rule
 
 
 def agent_run(url: str, n: int, paid: list[int], stop_at: int | None = None) -> None:
@@ -209,12 +149,12 @@ def test_machine_loss_chain_through_a_bad_network(tmp_path: Path, s3: EmbeddedS3
         p = ckptfs(tmp_path, "verify", url, "--json", *side("-o", s3.endpoint))
         assert p.returncode == 0, p.stdout[-2000:]
         seen.clear()
-        with CutProxy(proxy.endpoint, lambda path, n, size: n == 1) as cut:
+        with FaultProxy(proxy.endpoint, cuts(first_only=True)) as cut:
             p = ckptfs(tmp_path, "-vv", "restore", url, dst, "--json", "--no-progress", "--attempts", "10",
                        *side("--from-option", cut.endpoint, timeout))
         no_secret(p)
         assert p.returncode == 0, p.stderr[-2000:]
-        assert any("/artifacts/" in c for c in cut.cuts)
+        assert any("/artifacts/" in c for c in cut.cut_paths)
         rdoc = json.loads(p.stdout)
         assert rdoc["ok"] and rdoc["runs"][0]["status"] == "restored"
         p = ckptfs(tmp_path, "verify", dst)
@@ -246,11 +186,11 @@ def test_a_big_artifact_whose_body_is_cut_is_read_again_by_restore(tmp_path: Pat
     store.commit(run, [step])
     store.close()
     assert mirror(src, url, dst_options=s3.storage_options, latest=True).ok
-    with CutProxy(s3.endpoint, lambda path, n, size: "/artifacts/" in path and n == 1) as cut:
+    with FaultProxy(s3.endpoint, cuts(first_only=True, where="/artifacts/")) as cut:
         p = ckptfs(tmp_path, "restore", url, dst, "--json", "--no-progress", "--attempts", "4",
                    *side("--from-option", cut.endpoint))
     no_secret(p)
-    assert len(cut.cuts) >= 1
+    assert len(cut.cut_paths) >= 1
     assert p.returncode == 0, p.stdout[-1500:] + p.stderr[-1500:]
     assert json.loads(p.stdout)["runs"][0]["status"] == "restored"
     assert ckptfs(tmp_path, "verify", dst).returncode == 0
@@ -272,11 +212,11 @@ def test_a_big_artifact_cut_on_every_try_is_incomplete_and_nothing_published(
     store.commit(run, [step])
     store.close()
     assert mirror(src, url, dst_options=s3.storage_options, latest=True).ok
-    with CutProxy(s3.endpoint, lambda path, n, size: size > SMALL) as cut:
+    with FaultProxy(s3.endpoint, cuts(first_only=False, over=SMALL)) as cut:
         p = ckptfs(tmp_path, "restore", url, dst, "--json", "--no-progress", "--attempts", "2",
                    *side("--from-option", cut.endpoint))
     no_secret(p)
-    assert cut.cuts
+    assert cut.cut_paths
     assert p.returncode == 1, p.stdout[-1500:] + p.stderr[-1500:]
     doc = json.loads(p.stdout)
     assert not doc["ok"] and doc["runs"][0]["status"] == "incomplete"
