@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 # Phases whose record says a call was paid for: written until durable (`write_paid_record`).
 PAID_PHASES = frozenset({"completed", UNKEPT})
 # While the store is unavailable a paid record is written again: 0.25 s doubling up to 8 s,
-# 20 tries, about two minutes (each try is the storage's own retries too).
+# 20 tries: 1 to 2 minutes of waits, jittered to 50-100% (each try is the storage's own retries too).
 PAID_WRITE_ROUNDS, PAID_WRITE_BACKOFF, PAID_WRITE_MAX_BACKOFF = 20, 0.25, 8.0
 
 
@@ -51,7 +51,7 @@ def write_paid_record(write: Callable[[], object], what: str,
                       landed: Callable[[], bool] | None = None,
                       rng: random.Random | None = None) -> None:
     """`write()` the record of a paid call, again while the store is unavailable (a burst of
-    503s, a dropped connection, past the storage's own retries), for about two minutes.
+    503s, a dropped connection, past the storage's own retries), for one to two minutes.
 
     The call was paid for. Given up on at once, the StorageUnavailableError went up through the
     executor as the attempt's failure, and the retry paid the call again with the process alive
