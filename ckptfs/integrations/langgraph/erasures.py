@@ -38,6 +38,13 @@ _seq = 0  # every epoch is new: drawn from one counter
 _floor = 0  # the epoch of a thread not in `_epochs` (raised when they are forgotten)
 
 
+def sequence() -> int:
+    """The newest epoch drawn so far: a write whose epoch is greater came after a removal that
+    began later than this call."""
+    with _lock:
+        return _seq
+
+
 def enter_write(store: str, thread_id: str) -> int:
     """Hold the thread against removals for one write (then `leave_write`, always); returns
     the epoch it is written in. Waits while a removal is under way or waiting."""

@@ -58,6 +58,11 @@ class ValueCache:
                 _, dropped = self._items.popitem(last=False)
                 self._bytes -= len(dropped[1])
 
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
     def forget_thread(self, thread_id: str) -> None:
         with self._lock:
             for key in [k for k in self._items if k[0] == thread_id]:

@@ -138,6 +138,11 @@ class ReadPlans:
         prefix = keys[-1][: -len(newest)]
         return [(lg_decode(seg), prefix + seg) for seg in sorted(want)]
 
+    def clear(self) -> None:
+        with self._lock:
+            self._needs.clear()
+            self._plans.clear()
+
     def forget(self, thread_id: str, ns: str | None = None) -> None:
         """Drop what is known of a thread (one namespace, or all): it was pruned or deleted."""
         with self._lock:

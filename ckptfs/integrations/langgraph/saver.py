@@ -125,6 +125,11 @@ _Strs = list[str]
 DEFAULT_FULL_EVERY = 16
 DEFAULT_CACHE_BYTES = 64 * 1024 * 1024
 _MAX_WROTE = 10_000
+# Threads a saver keeps memory of (refs of its last checkpoint, values deltas start from, run
+# markers, names, removal epochs); past it, it starts over (`_start_over`). A server saver
+# holding a new thread per conversation otherwise grew without bound: ~1 KB a thread, and
+# ~250 bytes a run (its run marker) even on one thread.
+_MAX_THREADS = 10_000
 
 
 def _writes_of(ns_prefix: str, checkpoint_key: str) -> str:
@@ -244,8 +249,10 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         self.busy_timeout = float(busy_timeout)
         self.leases: ThreadLeases | None = None
         self._wrote: set[str] = set()
-        # the thread's removal epoch (`erasures.py`) this saver last wrote it in
+        # the thread's removal epoch (`erasures.py`) this saver last wrote it in, and the
+        # removal sequence when it last forgot every thread (`_start_over`)
         self._epochs: dict[str, int] = {}
+        self._started_over = -1
         self._store_key = self._root or storage.url
         caps = storage.capabilities
         if exclusive and caps.shared and caps.exclusive_create and caps.conditional_put:
@@ -929,6 +936,8 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         mark = (run_id, thread_id, ns)
         if mark in self._run_markers:
             return
+        if len(self._run_markers) >= _MAX_THREADS:  # a run per call: forgotten, stored again at most once
+            self._run_markers.clear()
         body = json.dumps({"thread_id": thread_id, "checkpoint_ns": ns}).encode()
         with contextlib.suppress(FileExistsError):
             self.storage.put_if_absent(lg_run_marker_key(run_id, thread_id, ns), body)
@@ -1217,8 +1226,12 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         try:
             last = self._epochs.get(thread_id)  # one dict read and write: atomic, no lock needed
             if last != epoch:
+                if last is None and len(self._epochs) >= _MAX_THREADS:
+                    self._start_over()
                 self._epochs[thread_id] = epoch
-                if last is not None:
+                # A thread unknown since the saver started over may still have memory a put in
+                # flight then wrote: forgotten if a removal came after (rare: O(memory) scans).
+                if last is not None or epoch > self._started_over >= 0:
                     logger.debug("thread %s: removed by another saver of this process since this "
                                  "one wrote it; what this saver knew of it is forgotten",
                                  shown(thread_id))
@@ -1233,6 +1246,23 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             erasures.leave_write(self._store_key, thread_id)
         else:
             erasures.leave_erase(self._store_key, thread_id, gate)
+
+    def _start_over(self) -> None:
+        """Forget every thread (`_MAX_THREADS`): what this saver knew is only a shortcut, read
+        again from the store at each thread's next put. The removal sequence is noted first, so
+        a thread written after it knows whether a removal came since (`_enter_gate`)."""
+        self._started_over = erasures.sequence()
+        logger.debug("saver on %s: memory of %d threads forgotten (more than %d)",
+                     self.storage.display_url, len(self._epochs), _MAX_THREADS)
+        self._values.clear()
+        self._plans.clear()
+        with self._lock:
+            self._epochs.clear()
+            self._last.clear()
+            self._newest.clear()
+            self._current.clear()
+            self._named.clear()
+            self._run_markers.clear()
 
     def _forget_removed(self, thread_id: str) -> None:
         """All this saver remembers of a thread whose objects may have been removed."""
