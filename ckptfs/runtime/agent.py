@@ -75,6 +75,41 @@ _RUN_ONLY = frozenset({"steps"})
 
 
 
+# A finished step's fields `Execution.acked` holds, in its order, and the run's totals
+# (`Execution.totals`): put back from those, not from the store, whose copies are older.
+_ACKED = ("result", "tokens", "cost_usd")
+_TOTALS = ("total_tokens", "total_cost_usd")
+
+
+def _storable(run_id: str, step: Step | None, run: AgentRun | None = None) -> bool:
+    """Whether a commit would take `step` (and `run`'s own fields) as they are."""
+    try:
+        if step is not None:
+            ValuePlanner.check_storable(run_id, step.id, step)
+        if run is not None:
+            ValuePlanner.check_storable(run_id, None, run, exclude=_RUN_ONLY)
+    except UnstorableValueError:
+        return False
+    return True
+
+
+def _without_refused(now: dict[Any, Any], stored: dict[str, Any]) -> dict[str, Any]:
+    """`now` with each entry a record cannot hold put back to its `stored` value, or dropped."""
+    out: dict[str, Any] = {}
+    for k, v in now.items():
+        if isinstance(k, str) and codec.json_problem(v, k) is None:
+            out[k] = v
+        elif k in stored:
+            out[k] = stored[k]
+    return out
+
+
+def _keep_dirty(ex: Execution, steps: list[Step]) -> None:
+    """A commit that failed: its steps wait for the next one (or the crash flush)."""
+    for s in steps:
+        ex.dirty.setdefault(s.id, s)
+
+
 def _stored_already(run_id: str, what: str) -> ValueError:
     """What a new run of a stored run's id is refused with (saved, it would replace that run)."""
     return ValueError(f"{what} {run_id!r} is already stored; continue it with "
@@ -268,7 +303,8 @@ class CheckpointedAgent:
         `executor(step, prior_calls) -> str | StepResult`. Raises RetriesExhaustedError when a
         step keeps failing (policy "stop") and RunStoppedError when an irreversible call's
         outcome is unknown or the executor returns (or leaves in its step) a value the store
-        cannot keep, all after committing the stop; a pause returns early.
+        cannot keep, all after committing the stop; a pause returns early. Steps the executor
+        adds to the run are run too; one it removes stops the run (no commit can remove it).
         """
         ex = self._begin(run, on_progress)
         try:
@@ -277,24 +313,32 @@ class CheckpointedAgent:
                 if sid is None:
                     wait = ex.next_delay()
                     if wait is None:
+                        if self._reconcile(ex):
+                            continue
                         break
                     time.sleep(wait)
                     continue
-                self._run_step(ex, run.steps[sid], executor)
-        except BaseException:
-            self._flush_after_crash(ex)
+                step = run.steps.get(sid)
+                if step is None:
+                    self._removed(ex, sid)
+                    continue
+                self._run_step(ex, step, executor)
+            plan = self._finish(ex)
+            self._commit(ex, plan, charge=plan[0] if plan else None)
+        except BaseException as exc:
+            unsaved = self._unsaved_stop(ex, exc, self._flush_after_crash(ex))
+            if unsaved is not None:
+                raise unsaved from exc
             raise
         finally:
             self._active.pop(run.run_id, None)
-        plan = self._finish(ex)
-        self._commit(ex, plan)
         self._after_finish(ex)
         return run
 
     def _run_step(self, ex: Execution, step: Step, executor: Executor) -> None:
         plan = self._start_attempt(ex, step)
         if plan:
-            self._commit(ex, plan)
+            self._commit(ex, plan, charge=step)
         if step.status != StepStatus.RUNNING:  # gave up before starting (max_total_attempts)
             return
         prior = self._prior_calls(ex.run.run_id, step)
@@ -309,7 +353,7 @@ class CheckpointedAgent:
         finally:
             CURRENT_STEP.reset(token)
         if plan:
-            self._commit(ex, plan)
+            self._commit(ex, plan, charge=step)
         self._release(ex, step)
 
     # ----------------------------------------------------------------- execution (async)
@@ -331,16 +375,22 @@ class CheckpointedAgent:
         ex = self._begin(run, on_progress, defer_commit=True)
         tasks: dict[asyncio.Task[None], str] = {}
         try:
-            await self._acommit(ex, ex.take())
+            await self._acommit(ex, ex.take(), recover=False)
             while True:
                 while not ex.stopping and len(tasks) < concurrency:
                     sid = ex.next_ready()
                     if sid is None:
                         break
-                    tasks[asyncio.ensure_future(self._arun_step(ex, run.steps[sid], executor))] = sid
+                    step = run.steps.get(sid)
+                    if step is None:
+                        self._removed(ex, sid)
+                        break
+                    tasks[asyncio.ensure_future(self._arun_step(ex, step, executor))] = sid
                 if not tasks:
                     wait = None if ex.stopping else ex.next_delay()
                     if wait is None:
+                        if not ex.stopping and self._reconcile(ex):
+                            continue
                         break
                     await asyncio.sleep(wait)
                     continue
@@ -349,24 +399,26 @@ class CheckpointedAgent:
                 for t in done:
                     tasks.pop(t)
                     t.result()
-        except BaseException:
+            plan = self._finish(ex)
+            await self._acommit(ex, plan, charge=plan[0] if plan else None)
+        except BaseException as exc:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self._drain_io()
-            self._flush_after_crash(ex)
+            unsaved = self._unsaved_stop(ex, exc, self._flush_after_crash(ex))
+            if unsaved is not None:
+                raise unsaved from exc
             raise
         finally:
             self._active.pop(run.run_id, None)
-        plan = self._finish(ex)
-        await self._acommit(ex, plan)
         self._after_finish(ex)
         return run
 
     async def _arun_step(self, ex: Execution, step: Step, executor: AsyncExecutor) -> None:
         plan = self._start_attempt(ex, step)
         if plan:
-            await self._acommit(ex, plan)
+            await self._acommit(ex, plan, charge=step)
         if step.status != StepStatus.RUNNING:
             return
         prior = self._prior_calls(ex.run.run_id, step)
@@ -381,7 +433,7 @@ class CheckpointedAgent:
         else:
             plan = self._after_success(ex, step, out, tokens0, cost0)
         if plan:
-            await self._acommit(ex, plan)
+            await self._acommit(ex, plan, charge=step)
         self._release(ex, step)  # only now: its completion is durable (when the policy commits)
 
     # ------------------------------------------------------------------ shared machinery
@@ -423,13 +475,14 @@ class CheckpointedAgent:
             run.status = "running"
             run.metadata.pop("stopped", None)
             run.updated_at = time.time()
+        ex.totals = (run.total_tokens, run.total_cost_usd)
         self._active[run.run_id] = ex
         logger.info("executing run %s: %d/%d steps completed, %d ready, checkpoint %s",
                     run.run_id, ex.completed, len(steps), len(ex.ready), self.policy.describe())
         self._emit(ex, "run_started", None)
         if not defer_commit:
             try:
-                self._commit(ex, ex.take())
+                self._commit(ex, ex.take(), recover=False)
             except BaseException:
                 self._active.pop(run.run_id, None)
                 raise
@@ -456,11 +509,15 @@ class CheckpointedAgent:
         return None
 
     def _account(self, ex: Execution, step: Step, tokens0: int, cost0: float) -> None:
+        """Count the attempt's spend in the run, and note what was acknowledged (see `_put_back`)."""
         dt, dc = step.tokens - tokens0, step.cost_usd - cost0
+        run = ex.run
         if dt:
-            ex.run.total_tokens += dt
+            run.total_tokens += dt
         if dc:
-            ex.run.total_cost_usd += dc
+            run.total_cost_usd += dc
+        ex.totals = (run.total_tokens, run.total_cost_usd)
+        ex.acked[step.id] = (step.result, step.tokens, step.cost_usd)
 
     def _end_attempt(self, ex: Execution, step: Step) -> None:
         ex.running.pop(step.id, None)
@@ -565,10 +622,10 @@ class CheckpointedAgent:
         marked done or its spend counted, with the store's own check (`check_storable`), so a
         value is refused once, by name, and never after its dependants have started on it.
 
-        The refused fields are put back as the store holds them (the run's acknowledged state:
-        what the step had before this attempt, or at its last RUNNING mark), tokens and cost
-        as they were before the attempt, so that the stop itself can be committed: the run
-        is "failed" with the reason, the step PENDING, and resume_run runs it again.
+        What is refused is put back (`_put_back`), tokens and cost as they were before the
+        attempt, so that the stop itself can be committed: the run is "failed" with the
+        reason, the step PENDING, and resume_run runs it again. A step whose value cannot be
+        put back is left out of the stop's commit: the store keeps it as its last commit left it.
         """
         run_id = ex.run.run_id
         try:
@@ -582,72 +639,195 @@ class CheckpointedAgent:
             refused = exc
         else:
             return None
-        self._put_back(ex, step, tokens0, cost0)
-        self._end_attempt(ex, step)
-        step.error = error_text(refused)
-        where = "the step" if refused.step_id is not None else "the run"
-        return self._stop(ex, step, RunStoppedError(  # _stop logs it, with step.error
-            run_id, step.id, ex.attempts.get(step.id, 1), refused,
-            f"left a value in {where} the store cannot keep ({refused.field}: {refused.reason}); "
-            "that field was put back as last saved"))
-
-    def _put_back(self, ex: Execution, step: Step, tokens0: int, cost0: float) -> None:
-        """Reset what of `step` the store refuses: tokens and cost to their values before the
-        attempt, any other field to its stored value (a load, on this error path only: the
-        agent keeps no copy of each step's metadata per attempt, which every step would pay).
-        A run-level field the store refuses (`run.metadata`) is put back as stored the same way."""
         if step.tokens != tokens0:
             step.tokens = tokens0
         if step.cost_usd != cost0:  # NaN != NaN: put back too
             step.cost_usd = cost0
-        run_id = ex.run.run_id
-        held: Step | None = None
-        stored: AgentRun | None = None
-        loaded = False
+        how = self._put_back(ex, step)
+        self._end_attempt(ex, step)
+        step.error = error_text(refused)
+        where = "the step" if refused.step_id is not None else "the run"
+        left_out = how is None and not _storable(run_id, step)
+        if how is None:
+            how = ("could not be put back: " + ("the step is left out of the stop's commit, "
+                   "as its last commit left it" if left_out else "the stop cannot be committed"))
+        batch = self._stop(ex, step, RunStoppedError(  # _stop logs it, with step.error
+            run_id, step.id, ex.attempts.get(step.id, 1), refused,
+            f"left a value in {where} the store cannot keep ({refused.field}: {refused.reason}); "
+            f"that field {how}"))
+        return [s for s in batch if s is not step] if left_out else batch
+
+    def _put_back(self, ex: Execution, step: Step | None,
+                  acked: tuple[str | None, int, float] | None = None) -> str | None:
+        """Make `step` and the run's own fields (`step` None: those alone) storable again by
+        putting back what the store refuses in them; say how, or None if that cannot be done.
+
+        Where a refused field goes back to, and why there:
+        * a dict (the step's or the run's `metadata`): only its refused entries, each to its
+          stored value, or removed if it has none. The rest is not the bad value's: under a
+          deferred policy it holds what finished steps wrote and no commit has kept yet.
+        * a finished step's result, tokens and cost: as acknowledged (`acked`); the run's
+          totals as the agent last counted them. The stored ones are older than both.
+        * anything else: its stored value (a load, on this error path only: the agent keeps
+          no copy of each step per attempt, which every step would pay).
+        The load may fail, the store being what fails; that was raised out of execute_run with
+        the run left "running" and no stop recorded. Without it a refused entry is removed and
+        a field goes to its default, unless it has none or is `dependencies` (an edge
+        dropped lets a step run before its dependency): then None.
+        """
+        run = ex.run
+        run_id = run.run_id
         run_fields = AgentRun.model_fields.keys() - _RUN_ONLY
-        for _ in range(len(Step.model_fields) + len(run_fields)):  # each put back once at most
+        stored: AgentRun | None = None
+        unread: str | None = None
+        loaded = False
+        for _ in range(len(Step.model_fields) + len(run_fields) + 1):  # each put back once at most
             try:
-                ValuePlanner.check_storable(run_id, step.id, step)
-                ValuePlanner.check_storable(run_id, None, ex.run, exclude=_RUN_ONLY)
-                return
+                if step is not None:
+                    ValuePlanner.check_storable(run_id, step.id, step)
+                ValuePlanner.check_storable(run_id, None, run, exclude=_RUN_ONLY)
             except UnstorableValueError as exc:
                 name = exc.field.split(".", 1)[0].split("[", 1)[0]
                 of_run = exc.step_id is None  # a run-level field (see `_left_unstorable`)
-                if name not in (run_fields if of_run else Step.model_fields):
-                    break
-            if not loaded:
-                stored = self.store.load_run(run_id)
-                held = stored.steps.get(step.id) if stored is not None else None
-                loaded = True
-            if of_run:
-                setattr(ex.run, name, getattr(stored, name) if stored is not None else
-                        AgentRun.model_fields[name].get_default(call_default_factory=True))
-                continue
-            if held is not None:
-                setattr(step, name, getattr(held, name))
-            elif isinstance(now := getattr(step, name), dict):
-                # Never saved (a step added to the run after it was started): there is no last
-                # saved value, and the default ({}) dropped what the step was given, such as
-                # the inputs its executor reads on resume. Only the refused entries go.
-                setattr(step, name, {k: v for k, v in now.items() if isinstance(k, str)
-                                     and codec.json_problem(v, k) is None})
             else:
-                setattr(step, name, Step.model_fields[name].get_default(call_default_factory=True))
-        logger.error("run %s: step %s: could not put back what the store refuses; the stop "
-                     "cannot be committed", run_id, step.id)
+                if not loaded:
+                    return "was put back as last acknowledged"
+                if unread is None:
+                    return "was put back as last saved"
+                return f"was put back without the stored run, which could not be read ({unread})"
+            model: Step | AgentRun
+            if of_run:
+                model, fields = run, run_fields
+            elif step is not None:
+                model, fields = step, set(Step.model_fields)
+            else:
+                break
+            if name not in fields:
+                break
+            if not of_run and acked is not None and name in _ACKED:
+                setattr(model, name, acked[_ACKED.index(name)])
+                continue
+            if of_run and name in _TOTALS:
+                setattr(model, name, ex.totals[_TOTALS.index(name)])
+                continue
+            if not loaded:
+                loaded = True
+                try:
+                    stored = self.store.load_run(run_id)
+                except Exception as err:  # any failure to read: no stored value to go back to
+                    unread = error_text(err)
+                    logger.warning("run %s: could not read the stored run to put back a refused "
+                                   "value: %s", run_id, unread)
+                else:
+                    if stored is None:
+                        unread = "the run is not in the store"
+            held: Step | AgentRun | None = stored
+            if not of_run and step is not None:
+                held = stored.steps.get(step.id) if stored is not None else None
+            now = getattr(model, name)
+            if isinstance(now, dict):
+                old = getattr(held, name) if held is not None else {}
+                setattr(model, name, _without_refused(now, old if isinstance(old, dict) else {}))
+            elif held is not None:
+                setattr(model, name, getattr(held, name))
+            else:
+                info = type(model).model_fields[name]
+                if info.is_required() or name == "dependencies":
+                    break
+                setattr(model, name, info.get_default(call_default_factory=True))
+        logger.error("run %s: %s: could not put back what the store refuses", run_id,
+                     f"step {step.id}" if step is not None else "the run's fields")
+        return None
+
+    def _spoiled(self, ex: Execution, steps: list[Step], exc: UnstorableValueError,
+                 charge: Step | None) -> bool:
+        """A commit of `steps` refused for a value put in one of them (or in the run) after its
+        check: put it back and stop the run, so the caller can commit the batch again.
+
+        Under every-n or milestones a finished step waits in memory for its commit while other
+        executors (and progress callbacks) run, holding the run: a NaN one of them wrote into
+        that step was met only by the batch's commit, which raised it out of execute_run with
+        the run left "running" and every acknowledged step of the batch lost (the crash
+        flush met it too). Now the stop names the step that holds the value, and the batch
+        lands with it. A run-level value is charged to `charge`, the step whose commit met it.
+
+        False, for the caller to raise the refusal, when the value is in a step still running
+        (its executor meets the error and `_left_unstorable` stops it), in the run with no
+        step to charge, or no longer there (a record too large: nothing to put back).
+        """
+        run_id = ex.run.run_id
+        if exc.step_id is None:
+            named = charge
+            if named is None or _storable(run_id, None, ex.run):
+                return False
+            how = self._put_back(ex, None)
+            if how is None:
+                return False
+            why = (f"met a value in the run the store cannot keep ({exc.field}: {exc.reason}), "
+                   f"left there by an executor or a progress callback; that field {how}")
+        else:
+            named = next((s for s in steps if s.id == exc.step_id), None)
+            if named is None or named.id in ex.running or _storable(run_id, named):
+                return False
+            how = self._put_back(ex, named, ex.acked.get(named.id))
+            if how is None:
+                if not _storable(run_id, None, ex.run):
+                    return False
+                steps.remove(named)  # never write what a load could not give back
+                how = "could not be put back, so the step was left out of the commit: a resume runs it again"
+            why = (f"holds a value the store cannot keep ({exc.field}: {exc.reason}), put in it "
+                   f"after it was {named.status.value}, by an executor or a progress callback; "
+                   f"that field {how}")
+        error = RunStoppedError(run_id, named.id, ex.attempts.get(named.id, named.attempt_count),
+                                exc, why)
+        if ex.stop_error is None:
+            self._record_stop(ex, named.id, named, error_text(exc), error)
+        else:  # stopping already: this one is told, not raised
+            logger.error("%s", error)
+        return True
 
     def _stop(self, ex: Execution, step: Step, error: RunStoppedError) -> list[Step]:
         step.status = StepStatus.PENDING
         step.started_at = None
+        self._record_stop(ex, step.id, step, step.error or "", error)
+        return ex.take([step])
+
+    def _record_stop(self, ex: Execution, sid: str, step: Step | None, text: str,
+                     error: RunStoppedError) -> None:
         ex.run.status = "failed"
         ex.run.updated_at = time.time()
-        ex.run.metadata["stopped"] = {"step_id": step.id, "error": step.error,
+        ex.run.metadata["stopped"] = {"step_id": sid, "error": text,
                                       "attempts": error.attempts, "at": ex.run.updated_at}
         ex.stop_error = error
         logger.error("run %s: stopping at step %s (%s); checkpoint kept for resume",
-                     ex.run.run_id, step.id, step.error)
-        self._emit(ex, "run_stopped", step, step.error or "")
-        return ex.take([step])
+                     ex.run.run_id, sid, text)
+        self._emit(ex, "run_stopped", step, text)
+
+    def _removed(self, ex: Execution, sid: str) -> None:
+        """Stop the run for a step an executor removed from `run.steps`.
+
+        Met as a bare KeyError out of execute_run, the run left "running". No commit can
+        remove a step (a commit writes steps, it deletes none), so the store keeps it as last
+        saved and a resume runs it: the run stops saying so rather than finish without it.
+        """
+        why = ("was removed from run.steps while the run was executing; no commit removes a "
+               "step, so the store keeps it as last saved (put it back, or let it run)")
+        self._record_stop(ex, sid, None, why, RunStoppedError(
+            ex.run.run_id, sid, ex.attempts.get(sid, 0),
+            LookupError(f"step {sid!r} is not in run.steps"), why))
+
+    def _reconcile(self, ex: Execution) -> bool:
+        """Once nothing is left to run: schedule steps added to the run meanwhile (committed
+        with the next checkpoint) and stop on a removed one; True if there is more to do."""
+        added, removed = ex.reconcile()
+        for s in added:
+            ex.dirty[s.id] = s
+        if added:
+            logger.info("run %s: %d step(s) added during execution, %d of them ready",
+                        ex.run.run_id, len(added), len(ex.ready))
+        if removed:
+            self._removed(ex, removed[0])
+        return bool(ex.ready) or bool(removed)
 
     def _fail(self, ex: Execution, step: Step, error: str) -> list[Step]:
         self._end_attempt(ex, step)
@@ -689,36 +869,86 @@ class CheckpointedAgent:
                     ex.completed, len(run.steps), ex.failed, run.total_tokens)
         self._emit(ex, kind, None, run.status)
 
-    def _flush_after_crash(self, ex: Execution) -> None:
-        """On an interrupt (KeyboardInterrupt, cancellation): keep the finished work, best effort."""
+    def _flush_after_crash(self, ex: Execution) -> bool:
+        """On an interrupt (KeyboardInterrupt, cancellation): keep the finished work, best effort.
+
+        True if nothing is left unsaved: a stop recorded but not yet committed is written even
+        with no step to go with it (see `_unsaved_stop`)."""
         batch = ex.take()
-        if not batch:
-            return
+        if not batch and ex.stop_error is None:
+            return True
         try:
-            self.store.commit(ex.run, batch)
+            self._commit(ex, batch, charge=batch[0] if batch else None)
         except Exception:
             logger.exception("run %s: could not save %d finished steps while stopping", ex.run.run_id,
                              len(batch))
+            return False
+        return True
 
-    def _commit(self, ex: Execution, steps: list[Step]) -> None:
+    def _unsaved_stop(self, ex: Execution, exc: BaseException, saved: bool) -> RunStoppedError | None:
+        """What execute_run raises for `exc` when it met a stop on a value the store refuses on
+        the stop's way to the store (the store failing, as it may have for `_put_back`'s read).
+
+        The store's error alone named no run and no stop; the stop's RunStoppedError alone
+        says the stop is committed. So: the stop, if the crash flush committed it after all,
+        else a RunStoppedError saying it is not. None: raise `exc` as it is.
+        """
+        stop = ex.stop_error
+        if (stop is None or exc is stop or not isinstance(exc, Exception)
+                or not isinstance(stop.cause, UnstorableValueError)):
+            return None
+        if saved:
+            return stop
+        return RunStoppedError(
+            ex.run.run_id, stop.step_id, stop.attempts, stop.cause,
+            f"was to stop the run ({error_text(stop.cause)}), but the stop could not be committed "
+            f"({error_text(exc)}): the store holds the run as of its last commit, not marked "
+            "stopped, and without any step finished since")
+
+    def _commit(self, ex: Execution, steps: list[Step], *, charge: Step | None = None,
+                recover: bool = True) -> None:
+        """Commit `steps` with the run's fields. A refusal of a value put in a finished step (or,
+        with `charge`, in the run) after its check stops the run and commits again (`_spoiled`);
+        `recover=False` raises it, for the commit that opens an execution (the caller's input)."""
         self._after_queued_writes()
-        try:
-            self.store.commit(ex.run, steps)
-        except BaseException:
-            for s in steps:
-                ex.dirty.setdefault(s.id, s)
-            raise
-        if ex.callback is not None and steps:
-            self._emit(ex, "checkpoint", None, f"{len(steps)} step(s)")
+        tries = len(steps) + 2  # each put back clears a step, or the run, for good
+        while True:
+            try:
+                self.store.commit(ex.run, steps)
+                break
+            except UnstorableValueError as exc:
+                tries -= 1
+                if recover and tries > 0 and self._spoiled(ex, steps, exc, charge):
+                    continue
+                _keep_dirty(ex, steps)
+                raise
+            except BaseException:
+                _keep_dirty(ex, steps)
+                raise
+        self._committed(ex, steps)
 
-    async def _acommit(self, ex: Execution, steps: list[Step]) -> None:
+    async def _acommit(self, ex: Execution, steps: list[Step], *, charge: Step | None = None,
+                       recover: bool = True) -> None:
         """`_commit` off the loop, group-committed with whatever else is being committed."""
-        try:
-            await self._agroup(ex.run.run_id, run=ex.run, steps=steps)
-        except Exception:
-            for s in steps:
-                ex.dirty.setdefault(s.id, s)
-            raise
+        tries = len(steps) + 2
+        while True:
+            try:
+                await self._agroup(ex.run.run_id, run=ex.run, steps=steps)
+                break
+            except UnstorableValueError as exc:
+                tries -= 1
+                if recover and tries > 0 and self._spoiled(ex, steps, exc, charge):
+                    continue
+                _keep_dirty(ex, steps)
+                raise
+            except Exception:
+                _keep_dirty(ex, steps)
+                raise
+        self._committed(ex, steps)
+
+    def _committed(self, ex: Execution, steps: list[Step]) -> None:
+        for s in steps:
+            ex.acked.pop(s.id, None)
         if ex.callback is not None and steps:
             self._emit(ex, "checkpoint", None, f"{len(steps)} step(s)")
 

@@ -75,6 +75,13 @@ class Execution:
     stop_error: RunStoppedError | None = None
     pause_requested: bool = False
     seq: int = 0
+    # A finished step's (result, tokens, cost) as acknowledged, until its commit: under a
+    # deferred policy another executor can spoil it meanwhile, and the store's copy is older
+    # than what `step_completed` announced and the run's totals count.
+    acked: dict[str, tuple[str | None, int, float]] = field(default_factory=dict)
+    # The run's totals as the agent last counted them (the stored ones lag every finished
+    # step a deferred policy has not committed yet).
+    totals: tuple[int, float] = (0, 0.0)
 
     @property
     def stopping(self) -> bool:
@@ -112,8 +119,47 @@ class Execution:
                 continue
             left -= 1
             self.deps_left[d] = left
-            if left == 0 and steps[d].status == StepStatus.PENDING:
+            step = steps.get(d)  # None: removed from the run meanwhile (see `reconcile`)
+            if left == 0 and step is not None and step.status == StepStatus.PENDING:
                 self.ready.append(d)
+
+    def reconcile(self) -> tuple[list[Step], list[str]]:
+        """Steps added to the run since the schedule was built, now scheduled, and the ids of
+        steps removed from it; asked once nothing is left to run.
+
+        An executor can plan more work (`run.add_step(...)`), as the seed's loop over
+        `get_ready_steps()` allowed: unscheduled, such a step was neither run nor ever
+        committed, and the run ended "failed" with no error raised. A removal cannot be
+        committed at all (a commit writes steps, it deletes none), so the caller stops the run
+        naming it. O(1) when the number of steps did not change.
+        """
+        steps = self.run.steps
+        if len(steps) == len(self.dependants):
+            return [], []
+        removed = [sid for sid in self.dependants if sid not in steps]
+        added = [s for sid, s in steps.items() if sid not in self.dependants]
+        for step in added:
+            self.dependants[step.id] = []
+        for step in added:
+            for dep in step.dependencies:
+                if dep in self.dependants:
+                    self.dependants[dep].append(step.id)
+        skipped: list[Step] = []
+        for step in added:
+            if step.status != StepStatus.PENDING or step.id in self.deps_left:
+                continue
+            deps = [steps.get(d) for d in step.dependencies]
+            root = next((d for d, s in zip(step.dependencies, deps, strict=True)
+                         if s is not None and s.status in (StepStatus.FAILED, StepStatus.SKIPPED)), None)
+            if root is not None:
+                skipped += self.skip_downstream(root)
+                continue
+            left = sum(1 for s in deps if s is None or s.status != StepStatus.COMPLETED)
+            self.deps_left[step.id] = left
+            if left == 0:
+                self.ready.append(step.id)
+        new = {s.id for s in added}
+        return added + [s for s in skipped if s.id not in new], removed
 
     def skip_downstream(self, sid: str) -> list[Step]:
         """Pending steps downstream of a failed one become SKIPPED, each naming the failed step."""
@@ -123,8 +169,8 @@ class Execution:
         while queue:
             cur = queue.popleft()
             for d in self.dependants.get(cur, ()):
-                step = steps[d]
-                if step.status != StepStatus.PENDING:
+                step = steps.get(d)
+                if step is None or step.status != StepStatus.PENDING:
                     continue
                 reason = f"dependency {sid!r} failed" if cur == sid else \
                     f"dependency {cur!r} was skipped (root cause: {sid!r} failed)"
