@@ -17,7 +17,9 @@ The seed's API and meaning (`start_run`, `resume_run`, `execute_run(run, executo
   group-committed: what arrives while a record is being written goes into the next record
   together (one fsync for many steps; see store/group_commit.py). A step counts as done (its
   await returns, `step_completed` fires, its dependants become ready) only once its record
-  is durable, so a dependant never starts on a completion a crash could still take back.
+  is durable, so a dependant never starts on a completion a crash could still take back;
+* a value the store refuses (NaN, a giant int) left in a step or in the run stops the run at
+  that step, the value put back so the stop and the finished steps commit (refused_values.py).
 
 Progress goes to `logging` and to an optional callback, never to stdout.
 """
@@ -40,7 +42,6 @@ from ckptfs.errors import (
     UnstorableValueError,
     error_text,
 )
-from ckptfs.format import codec
 from ckptfs.format.models import AgentRun, Step, StepStatus, ToolCall
 from ckptfs.runtime.execution import (
     AsyncExecutor,
@@ -52,6 +53,12 @@ from ckptfs.runtime.execution import (
 )
 from ckptfs.runtime.host import CURRENT_STEP
 from ckptfs.runtime.policy import CheckpointPolicy, RetryPolicy, require_whole
+from ckptfs.runtime.refused_values import (
+    left_value_stop,
+    refused_output_stop,
+    spoiled_stop,
+    unsaved_stop,
+)
 from ckptfs.runtime.resume import (
     STRATEGIES,
     TOOL_LOG_START,
@@ -69,39 +76,6 @@ from ckptfs.store.group_commit import GroupCommitter
 from ckptfs.store.values import ValuePlanner
 
 logger = logging.getLogger(__name__)
-
-# What of an AgentRun a commit writes as the run's own fields (the steps go one by one).
-_RUN_ONLY = frozenset({"steps"})
-
-
-
-# A finished step's fields `Execution.acked` holds, in its order, and the run's totals
-# (`Execution.totals`): put back from those, not from the store, whose copies are older.
-_ACKED = ("result", "tokens", "cost_usd")
-_TOTALS = ("total_tokens", "total_cost_usd")
-
-
-def _storable(run_id: str, step: Step | None, run: AgentRun | None = None) -> bool:
-    """Whether a commit would take `step` (and `run`'s own fields) as they are."""
-    try:
-        if step is not None:
-            ValuePlanner.check_storable(run_id, step.id, step)
-        if run is not None:
-            ValuePlanner.check_storable(run_id, None, run, exclude=_RUN_ONLY)
-    except UnstorableValueError:
-        return False
-    return True
-
-
-def _without_refused(now: dict[Any, Any], stored: dict[str, Any]) -> dict[str, Any]:
-    """`now` with each entry a record cannot hold put back to its `stored` value, or dropped."""
-    out: dict[str, Any] = {}
-    for k, v in now.items():
-        if isinstance(k, str) and codec.json_problem(v, k) is None:
-            out[k] = v
-        elif k in stored:
-            out[k] = stored[k]
-    return out
 
 
 def _keep_dirty(ex: Execution, steps: list[Step]) -> None:
@@ -326,7 +300,7 @@ class CheckpointedAgent:
             plan = self._finish(ex)
             self._commit(ex, plan, charge=plan[0] if plan else None)
         except BaseException as exc:
-            unsaved = self._unsaved_stop(ex, exc, self._flush_after_crash(ex))
+            unsaved = unsaved_stop(ex, exc, self._flush_after_crash(ex))
             if unsaved is not None:
                 raise unsaved from exc
             raise
@@ -406,7 +380,7 @@ class CheckpointedAgent:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self._drain_io()
-            unsaved = self._unsaved_stop(ex, exc, self._flush_after_crash(ex))
+            unsaved = unsaved_stop(ex, exc, self._flush_after_crash(ex))
             if unsaved is not None:
                 raise unsaved from exc
             raise
@@ -509,7 +483,8 @@ class CheckpointedAgent:
         return None
 
     def _account(self, ex: Execution, step: Step, tokens0: int, cost0: float) -> None:
-        """Count the attempt's spend in the run, and note what was acknowledged (see `_put_back`)."""
+        """Count the attempt's spend in the run, and note what was acknowledged (a refused value
+        goes back to it: refused_values.put_back)."""
         dt, dc = step.tokens - tokens0, step.cost_usd - cost0
         run = ex.run
         if dt:
@@ -532,7 +507,7 @@ class CheckpointedAgent:
         try:
             complete_step(step, out, ex.run.run_id)
         except UnstorableValueError as exc:
-            return self._refused_output(ex, step, exc)
+            return self._stop_refused(ex, step, refused_output_stop(ex, step, exc))
         self._account(ex, step, tokens0, cost0)
         self._end_attempt(ex, step)
         ex.completed += 1
@@ -595,196 +570,37 @@ class CheckpointedAgent:
             return self._fail(ex, step, step.error)
         return self._stop(ex, step, RetriesExhaustedError(ex.run.run_id, step.id, n, exc))
 
-    def _refused_output(self, ex: Execution, step: Step, exc: UnstorableValueError) -> list[Step]:
-        """An executor output the store cannot keep stops the run at its step.
-
-        Retrying would only run the executor again for the same output, and failing the step
-        would fence its paid tool results off from a later retry. Stopping keeps them: the step
-        goes back to PENDING untouched, the run is "failed" with the reason, the error says
-        which field, and resume_run continues at this step with every paid call served from
-        the tool log.
-        """
-        self._end_attempt(ex, step)
-        step.error = error_text(exc)
-        n = ex.attempts.get(step.id, 1)
-        return self._stop(ex, step, RunStoppedError(  # _stop logs it, with step.error
-            ex.run.run_id, step.id, n, exc,
-            f"returned an output the store cannot keep ({exc.field}: {exc.reason})"))
-
     def _left_unstorable(self, ex: Execution, step: Step, tokens0: int,
                          cost0: float) -> list[Step] | None:
-        """Stop the run at `step` if the executor left in it a value no commit can hold.
-
-        The executor holds the live Step: a NaN or a 5,000-digit int put in `step.metadata`
-        (or a NaN assigned to `step.cost_usd`) was only met by the store's commit, which
-        refused it out of execute_run with the run left "running" and the stop unsaved, since
-        every later commit of the step met the same value. Checked here, before the step is
-        marked done or its spend counted, with the store's own check (`check_storable`), so a
-        value is refused once, by name, and never after its dependants have started on it.
-
-        What is refused is put back (`_put_back`), tokens and cost as they were before the
-        attempt, so that the stop itself can be committed: the run is "failed" with the
-        reason, the step PENDING, and resume_run runs it again. A step whose value cannot be
-        put back is left out of the stop's commit: the store keeps it as its last commit left it.
-        """
-        run_id = ex.run.run_id
-        try:
-            ValuePlanner.check_storable(run_id, step.id, step)
-            # The run's own fields too: every commit writes them, so a NaN an executor put in
-            # `run.metadata` (a closure over the run) was refused by each commit, the stop's
-            # and the flush's included: the error escaped with the run left "running" and,
-            # under every-n or milestones, the finished steps not yet committed were lost.
-            ValuePlanner.check_storable(run_id, None, ex.run, exclude=_RUN_ONLY)
-        except UnstorableValueError as exc:
-            refused = exc
-        else:
+        """Stop the run at `step` if the executor left in it (or in the run) a value no commit
+        can hold: before the step is marked done or its spend counted (`left_value_stop`)."""
+        stop = left_value_stop(self.store, ex, step, tokens0, cost0)
+        if stop is None:
             return None
-        if step.tokens != tokens0:
-            step.tokens = tokens0
-        if step.cost_usd != cost0:  # NaN != NaN: put back too
-            step.cost_usd = cost0
-        how = self._put_back(ex, step)
-        self._end_attempt(ex, step)
-        step.error = error_text(refused)
-        where = "the step" if refused.step_id is not None else "the run"
-        left_out = how is None and not _storable(run_id, step)
-        if how is None:
-            how = ("could not be put back: " + ("the step is left out of the stop's commit, "
-                   "as its last commit left it" if left_out else "the stop cannot be committed"))
-        batch = self._stop(ex, step, RunStoppedError(  # _stop logs it, with step.error
-            run_id, step.id, ex.attempts.get(step.id, 1), refused,
-            f"left a value in {where} the store cannot keep ({refused.field}: {refused.reason}); "
-            f"that field {how}"))
-        return [s for s in batch if s is not step] if left_out else batch
-
-    def _put_back(self, ex: Execution, step: Step | None,
-                  acked: tuple[str | None, int, float] | None = None) -> str | None:
-        """Make `step` and the run's own fields (`step` None: those alone) storable again by
-        putting back what the store refuses in them; say how, or None if that cannot be done.
-
-        Where a refused field goes back to, and why there:
-        * a dict (the step's or the run's `metadata`): only its refused entries, each to its
-          stored value, or removed if it has none. The rest is not the bad value's: under a
-          deferred policy it holds what finished steps wrote and no commit has kept yet.
-        * a finished step's result, tokens and cost: as acknowledged (`acked`); the run's
-          totals as the agent last counted them. The stored ones are older than both.
-        * anything else: its stored value (a load, on this error path only: the agent keeps
-          no copy of each step per attempt, which every step would pay).
-        The load may fail, the store being what fails; that was raised out of execute_run with
-        the run left "running" and no stop recorded. Without it a refused entry is removed and
-        a field goes to its default, unless it has none or is `dependencies` (an edge
-        dropped lets a step run before its dependency): then None.
-        """
-        run = ex.run
-        run_id = run.run_id
-        run_fields = AgentRun.model_fields.keys() - _RUN_ONLY
-        stored: AgentRun | None = None
-        unread: str | None = None
-        loaded = False
-        for _ in range(len(Step.model_fields) + len(run_fields) + 1):  # each put back once at most
-            try:
-                if step is not None:
-                    ValuePlanner.check_storable(run_id, step.id, step)
-                ValuePlanner.check_storable(run_id, None, run, exclude=_RUN_ONLY)
-            except UnstorableValueError as exc:
-                name = exc.field.split(".", 1)[0].split("[", 1)[0]
-                of_run = exc.step_id is None  # a run-level field (see `_left_unstorable`)
-            else:
-                if not loaded:
-                    return "was put back as last acknowledged"
-                if unread is None:
-                    return "was put back as last saved"
-                return f"was put back without the stored run, which could not be read ({unread})"
-            model: Step | AgentRun
-            if of_run:
-                model, fields = run, run_fields
-            elif step is not None:
-                model, fields = step, set(Step.model_fields)
-            else:
-                break
-            if name not in fields:
-                break
-            if not of_run and acked is not None and name in _ACKED:
-                setattr(model, name, acked[_ACKED.index(name)])
-                continue
-            if of_run and name in _TOTALS:
-                setattr(model, name, ex.totals[_TOTALS.index(name)])
-                continue
-            if not loaded:
-                loaded = True
-                try:
-                    stored = self.store.load_run(run_id)
-                except Exception as err:  # any failure to read: no stored value to go back to
-                    unread = error_text(err)
-                    logger.warning("run %s: could not read the stored run to put back a refused "
-                                   "value: %s", run_id, unread)
-                else:
-                    if stored is None:
-                        unread = "the run is not in the store"
-            held: Step | AgentRun | None = stored
-            if not of_run and step is not None:
-                held = stored.steps.get(step.id) if stored is not None else None
-            now = getattr(model, name)
-            if isinstance(now, dict):
-                old = getattr(held, name) if held is not None else {}
-                setattr(model, name, _without_refused(now, old if isinstance(old, dict) else {}))
-            elif held is not None:
-                setattr(model, name, getattr(held, name))
-            else:
-                info = type(model).model_fields[name]
-                if info.is_required() or name == "dependencies":
-                    break
-                setattr(model, name, info.get_default(call_default_factory=True))
-        logger.error("run %s: %s: could not put back what the store refuses", run_id,
-                     f"step {step.id}" if step is not None else "the run's fields")
-        return None
+        batch = self._stop_refused(ex, step, stop.error)
+        return [s for s in batch if s is not step] if stop.left_out else batch
 
     def _spoiled(self, ex: Execution, steps: list[Step], exc: UnstorableValueError,
                  charge: Step | None) -> bool:
         """A commit of `steps` refused for a value put in one of them (or in the run) after its
-        check: put it back and stop the run, so the caller can commit the batch again.
-
-        Under every-n or milestones a finished step waits in memory for its commit while other
-        executors (and progress callbacks) run, holding the run: a NaN one of them wrote into
-        that step was met only by the batch's commit, which raised it out of execute_run with
-        the run left "running" and every acknowledged step of the batch lost (the crash
-        flush met it too). Now the stop names the step that holds the value, and the batch
-        lands with it. A run-level value is charged to `charge`, the step whose commit met it.
-
-        False, for the caller to raise the refusal, when the value is in a step still running
-        (its executor meets the error and `_left_unstorable` stops it), in the run with no
-        step to charge, or no longer there (a record too large: nothing to put back).
-        """
-        run_id = ex.run.run_id
-        if exc.step_id is None:
-            named = charge
-            if named is None or _storable(run_id, None, ex.run):
-                return False
-            how = self._put_back(ex, None)
-            if how is None:
-                return False
-            why = (f"met a value in the run the store cannot keep ({exc.field}: {exc.reason}), "
-                   f"left there by an executor or a progress callback; that field {how}")
-        else:
-            named = next((s for s in steps if s.id == exc.step_id), None)
-            if named is None or named.id in ex.running or _storable(run_id, named):
-                return False
-            how = self._put_back(ex, named, ex.acked.get(named.id))
-            if how is None:
-                if not _storable(run_id, None, ex.run):
-                    return False
-                steps.remove(named)  # never write what a load could not give back
-                how = "could not be put back, so the step was left out of the commit: a resume runs it again"
-            why = (f"holds a value the store cannot keep ({exc.field}: {exc.reason}), put in it "
-                   f"after it was {named.status.value}, by an executor or a progress callback; "
-                   f"that field {how}")
-        error = RunStoppedError(run_id, named.id, ex.attempts.get(named.id, named.attempt_count),
-                                exc, why)
+        check: stop the run at that step, the value put back, so the caller can commit the
+        batch again (`spoiled_stop`). False: the caller raises the refusal."""
+        stop = spoiled_stop(self.store, ex, steps, exc, charge)
+        if stop is None:
+            return False
+        if stop.left_out:
+            steps.remove(stop.step)  # never write what a load could not give back
         if ex.stop_error is None:
-            self._record_stop(ex, named.id, named, error_text(exc), error)
+            self._record_stop(ex, stop.step.id, stop.step, error_text(exc), stop.error)
         else:  # stopping already: this one is told, not raised
-            logger.error("%s", error)
+            logger.error("%s", stop.error)
         return True
+
+    def _stop_refused(self, ex: Execution, step: Step, error: RunStoppedError) -> list[Step]:
+        """End `step`'s attempt and stop the run at it for a value the store refused."""
+        self._end_attempt(ex, step)
+        step.error = error_text(error.cause)
+        return self._stop(ex, step, error)  # _stop logs it, with step.error
 
     def _stop(self, ex: Execution, step: Step, error: RunStoppedError) -> list[Step]:
         step.status = StepStatus.PENDING
@@ -873,7 +689,7 @@ class CheckpointedAgent:
         """On an interrupt (KeyboardInterrupt, cancellation): keep the finished work, best effort.
 
         True if nothing is left unsaved: a stop recorded but not yet committed is written even
-        with no step to go with it (see `_unsaved_stop`)."""
+        with no step to go with it (see `unsaved_stop`)."""
         batch = ex.take()
         if not batch and ex.stop_error is None:
             return True
@@ -884,26 +700,6 @@ class CheckpointedAgent:
                              len(batch))
             return False
         return True
-
-    def _unsaved_stop(self, ex: Execution, exc: BaseException, saved: bool) -> RunStoppedError | None:
-        """What execute_run raises for `exc` when it met a stop on a value the store refuses on
-        the stop's way to the store (the store failing, as it may have for `_put_back`'s read).
-
-        The store's error alone named no run and no stop; the stop's RunStoppedError alone
-        says the stop is committed. So: the stop, if the crash flush committed it after all,
-        else a RunStoppedError saying it is not. None: raise `exc` as it is.
-        """
-        stop = ex.stop_error
-        if (stop is None or exc is stop or not isinstance(exc, Exception)
-                or not isinstance(stop.cause, UnstorableValueError)):
-            return None
-        if saved:
-            return stop
-        return RunStoppedError(
-            ex.run.run_id, stop.step_id, stop.attempts, stop.cause,
-            f"was to stop the run ({error_text(stop.cause)}), but the stop could not be committed "
-            f"({error_text(exc)}): the store holds the run as of its last commit, not marked "
-            "stopped, and without any step finished since")
 
     def _commit(self, ex: Execution, steps: list[Step], *, charge: Step | None = None,
                 recover: bool = True) -> None:
