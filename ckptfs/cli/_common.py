@@ -24,6 +24,7 @@ import functools
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -125,6 +126,62 @@ def reader_gone() -> int:
 
 
 Handler = Callable[[argparse.Namespace], int]
+
+SHOWN_CHARS = 40  # what an error message quotes of a value the user gave
+# format.keys.MAX_VERSION (a key holds 12 digits), not imported: registering a subcommand
+# imports nothing heavy, and format.keys brings pydantic. A version, a count of versions
+# or of snapshots past it names nothing a store can hold.
+MAX_VERSION = 10**12 - 1
+_WHOLE = re.compile(r"[+-]?[0-9]+", re.ASCII)
+
+
+def quoted(text: str, limit: int = SHOWN_CHARS) -> str:
+    """A value the user gave, quoted for an error message and cut to `limit` characters: a
+    5,000-digit `--keep-last` filled the terminal (and a CI log) with itself, and told nothing
+    the first characters do not."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}… ({len(text)} characters)"
+
+
+def cut(text: str, limit: int = SHOWN_CHARS) -> str:
+    """`quoted` for a name shown bare (an option's key): cut the same way, not quoted."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} characters)"
+
+
+def bad_value(flag: str, text: str, exc: Exception) -> CliError:
+    """A usage error for `flag` from a parser's message (parse_duration, parse_subset), with
+    the value as that message quoted it cut short (`quoted`)."""
+    message = str(exc)
+    if len(text) > SHOWN_CHARS:
+        message = message.replace(repr(text), quoted(text))
+        if len(message) > len(text):  # the value is in it some other way: say it without
+            message = f"{quoted(text)} is not a valid value"
+    return CliError(f"{flag}: {message}")
+
+
+def whole_number(minimum: int, maximum: int, *, why_min: str = "", why_max: str = "") -> Callable[[str], int]:
+    """An argparse type: an ASCII whole number in [minimum, maximum], refused with the value shown
+    cut short (`quoted`). Every integer option uses it, so each says the same about the same
+    mistake; the bound is checked on the digits before any conversion, so a number past
+    Python's int-string limit is "too large", not "not a whole number" (or exit 3)."""
+
+    def parse(text: str) -> int:
+        s = text.strip()
+        if not _WHOLE.fullmatch(s):
+            raise argparse.ArgumentTypeError(f"{quoted(text)} is not a whole number")
+        digits = s.lstrip("+-").lstrip("0")
+        if len(digits) <= 30:  # leading zeros dropped: 5,000 of them before a 1 is still 1
+            n = -int(digits or "0") if s.startswith("-") else int(digits or "0")
+        else:  # far past either bound: not converted (Python refuses ints of over 4,300 digits)
+            n = minimum - 1 if s.startswith("-") else maximum + 1
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}{why_min}, got {quoted(s)}")
+        if n > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}{why_max}, got {quoted(s)}")
+        return n
+
+    return parse
 
 
 class CliError(Exception):

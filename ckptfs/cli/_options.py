@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ckptfs.cli._common import CliError
+from ckptfs.cli._common import CliError, cut
 from ckptfs.cli._logging import SCRUBBER
 from ckptfs.errors import ConfigError
 from ckptfs.storage.redact import redact_options
@@ -80,6 +80,10 @@ class Target:
     options: dict[str, Any]
     origin: str  # "argument", "$CKPTFS_URL", "<file> (store.url)", "default store.url"
     settings: Settings
+
+    def __post_init__(self) -> None:
+        # every command's store (and mirror's and restore's other side) is one of these
+        check_option_types(self.url, self.options)
 
     def describe(self) -> str:
         from ckptfs.storage.redact import redact_url
@@ -158,9 +162,75 @@ def holds_anything(storage: Storage) -> bool:
         raise
     except FileNotFoundError:
         return False
+    except (TypeError, AttributeError) as exc:  # an option of a type the backend cannot use
+        raise ConfigError(SCRUBBER.scrub(
+            f"{storage.display_url}: a storage option has a value of the wrong type "
+            f"({type(exc).__name__}: {exc})")) from None
     except Exception as exc:  # botocore/s3fs raise many types for a bad endpoint
         raise StorageUnavailableError(SCRUBBER.scrub(
             f"{storage.display_url}: cannot list the store: {type(exc).__name__}: {exc}")) from None
+
+
+# What s3fs (and fsspec below it) takes per option, dotted paths for nested ones. A value of
+# another type went through to the client and failed at its first request: `-o client_kwargs=5`
+# was "unreachable" ('int' object has no attribute 'copy'), a store that was never asked.
+_S3_OPTION_TYPES: dict[str, type] = {
+    **dict.fromkeys(("client_kwargs", "config_kwargs", "s3_additional_kwargs",
+                     "config_kwargs.retries", "config_kwargs.s3", "config_kwargs.proxies"), dict),
+    **dict.fromkeys(("anon", "use_ssl", "requester_pays", "version_aware", "cache_regions",
+                     "use_listings_cache", "skip_instance_cache", "default_fill_cache",
+                     "fixed_upload_size", "asynchronous", "client_kwargs.use_ssl"), bool),
+    **dict.fromkeys(("key", "secret", "token", "username", "password", "profile", "endpoint_url",
+                     "default_cache_type", "client_kwargs.endpoint_url", "client_kwargs.region_name",
+                     "client_kwargs.aws_access_key_id", "client_kwargs.aws_secret_access_key",
+                     "client_kwargs.aws_session_token", "config_kwargs.region_name",
+                     "config_kwargs.signature_version"), str),
+    **dict.fromkeys(("default_block_size", "max_concurrency", "max_paths",
+                     "config_kwargs.max_pool_connections"), int),
+    **dict.fromkeys(("listings_expiry_time", "config_kwargs.connect_timeout",
+                     "config_kwargs.read_timeout"), float),
+}
+# -o keeps these strings even when they read as numbers (a profile named 2024, a region)
+_STRING_OPTIONS = {path.rsplit(".", 1)[-1] for path, kind in _S3_OPTION_TYPES.items() if kind is str}
+_WANTED = {dict: "a table of options (from the command line: dotted keys, -o {path}.KEY=VALUE)",
+           bool: "true or false", str: "a string", int: "a whole number", float: "a number"}
+
+
+def _kind_of(value: Any) -> str:
+    """What a value is, never the value itself (it may be a secret)."""
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, dict):
+        return "a table"
+    return "a list" if isinstance(value, list) else type(value).__name__
+
+
+def _fits(value: Any, kind: type) -> bool:
+    if isinstance(value, bool):  # an int to Python, never a number to a user
+        return kind is bool
+    return isinstance(value, int | float) if kind is float else isinstance(value, kind)
+
+
+def check_option_types(url: str, options: dict[str, Any]) -> None:
+    """Refuse, before any connection, an S3 option whose value has a type s3fs cannot use,
+    naming the option and the type it takes (never the value): bad input is exit 2 with the
+    cause, not an unreachable store. Unknown options, and other schemes' options, are left to
+    the backend."""
+    if url.split("://", 1)[0].lower() not in ("s3", "s3a") or "://" not in url:
+        return
+    for path, kind in _S3_OPTION_TYPES.items():
+        value: Any = options
+        for part in path.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is None:
+            continue
+        if not _fits(value, kind):
+            raise CliError(f"storage option {path} must be {_WANTED[kind].format(path=path)}, "
+                           f"not {_kind_of(value)}")
 
 
 def _looks_secret(key: str) -> bool:
@@ -170,7 +240,7 @@ def _looks_secret(key: str) -> bool:
 def _value(key: str, raw: str) -> Any:
     if raw in _LITERALS:
         return _LITERALS[raw]
-    if _NUMBER.match(raw) and not _looks_secret(key):
+    if _NUMBER.match(raw) and not _looks_secret(key) and key not in _STRING_OPTIONS:
         return float(raw) if "." in raw else int(raw)
     return raw
 
@@ -195,19 +265,19 @@ def parse_items(items: list[str], flag: str) -> dict[str, Any]:
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or not key or any(not p for p in key.split(".")):
-            shown = key if sep else "(no '=')"
+            shown = cut(key) if sep else "(no '=')"
             raise CliError(f"{flag} must be KEY=VALUE; got a malformed option: {shown}")
         parts = key.split(".")
         target = opts
         for p in parts[:-1]:
             nxt = target.setdefault(p, {})
             if not isinstance(nxt, dict):
-                raise CliError(f"{flag} {key}: {p!r} is already a plain value")
+                raise CliError(f"{flag} {cut(key)}: {cut(p)!r} is already a plain value")
             target = nxt
         try:
             target[parts[-1]] = _value(parts[-1], raw)
         except ValueError:  # digits past Python's conversion limit: was "internal", exit 3
-            raise CliError(f"{flag} {key}: a number of more than {sys.get_int_max_str_digits()} "
+            raise CliError(f"{flag} {cut(key)}: a number of more than {sys.get_int_max_str_digits()} "
                            "digits") from None
     return opts
 

@@ -1,7 +1,9 @@
 """`ckptfs` maintenance subcommands: verify, prune, forget.
 
 Exit codes: 0 clean / done; 1 problems found (verify: any error or warning, leftovers
-included; info does not count; forget: refused because a worker holds the run); 2 usage error,
+included; info does not count; prune: a run or an artifact it could not delete, or could not
+read; forget: refused because a worker holds the run); 2 usage error, a store that is read-only
+as a whole (prune: every run failed and nothing was removed),
 unknown run, nothing stored at the URL, or a store that cannot be reached (the message names the
 URL with credentials redacted). The store comes from the URL argument, else `--config`
 (store.url), else $CKPTFS_URL. Library modules are imported by the handlers, not here.
@@ -12,7 +14,20 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from ckptfs.cli._common import EXIT_OK, EXIT_PROBLEMS, CliError, emit_json, err, out, run_not_found, warn
+from ckptfs.cli._common import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    MAX_VERSION,
+    CliError,
+    bad_value,
+    emit_json,
+    err,
+    out,
+    quoted,
+    run_not_found,
+    warn,
+    whole_number,
+)
 from ckptfs.cli._options import add_json_arg, add_store_args, nothing_stored, open_existing, store_target
 
 if TYPE_CHECKING:
@@ -21,14 +36,8 @@ if TYPE_CHECKING:
 _STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 
 
-def _at_least_one(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"refusing an empty retention policy: N must be >= 1, got {n}")
-    return n
+_keep_last = whole_number(1, MAX_VERSION, why_min=" (refusing an empty retention policy)",
+                          why_max=" (no run holds more versions)")
 
 
 def register(sub: Any) -> None:
@@ -48,7 +57,7 @@ def register(sub: Any) -> None:
                                    "delete older files and unreferenced artifacts past a grace period. "
                                    "Prints a summary per run; -v lists every file.")
     add_store_args(p)
-    p.add_argument("--keep-last", type=_at_least_one, metavar="N", required=True,
+    p.add_argument("--keep-last", type=_keep_last, metavar="N", required=True,
                    help="full snapshots to keep per run (required, >= 1)")
     p.add_argument("--run", dest="run_id", metavar="ID", help="prune only this run (no artifact collection)")
     p.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
@@ -80,7 +89,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         try:
             parse_subset(args.subset)
         except ConfigError as exc:
-            raise CliError(f"--subset: {exc}") from None
+            raise bad_value("--subset", args.subset, exc) from None
+        except ValueError:  # digits past Python's int conversion limit: was exit 3, "internal"
+            raise CliError(f"--subset: {quoted(args.subset)} is not K/N with 1 <= K <= N (e.g. 3/10): "
+                           "a number too large") from None
     target = store_target(args)
     level = "data" if args.data else "structure"
     if args.subset_runs and not args.subset:
@@ -140,16 +152,25 @@ def _render_report(report: Report) -> None:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     from ckptfs.cli._render import Col, print_table
+    from ckptfs.format.units import MAX_SCHEDULE_SECONDS
     from ckptfs.maintenance.prune import parse_duration, prune
 
     try:  # "" too: `--artifact-grace "$GRACE"` with GRACE unset silently meant 24h
-        grace = parse_duration(args.artifact_grace, allow_zero=True)
+        # bounded: a 5,000-digit grace was infinity, and --json wrote `Infinity`, which is no JSON
+        grace = parse_duration(args.artifact_grace, allow_zero=True, limit=MAX_SCHEDULE_SECONDS)
     except ValueError as exc:
-        raise CliError(f"--artifact-grace: {exc}") from None
+        raise bad_value("--artifact-grace", args.artifact_grace, exc) from None
     target = store_target(args)
     open_existing(target).close()  # nothing stored there: exit 2, not an empty table
     report = prune(target.url, args.keep_last, args.run_id, dry_run=args.dry_run, artifact_grace=grace,
                    storage_options=target.options)
+    runs_failed = [f for f in report.failed if f.run_id is not None]
+    if runs_failed and len(runs_failed) == len(report.runs) and not report.deleted \
+            and runs_failed[0].code in ("not-writable", "unreachable"):
+        # every run failed and nothing went: the store is read-only (or gone) for this user, the
+        # one error every command gives for that (exit 2); with --json the report comes along.
+        # Some runs pruned (or with nothing to prune) beside a failed one: exit 1, said per run.
+        raise CliError(runs_failed[0].reason, kind=runs_failed[0].code, extra=report.to_dict())
     if args.json:
         emit_json(report.to_dict())
         return EXIT_OK if report.ok else EXIT_PROBLEMS
@@ -157,17 +178,20 @@ def cmd_prune(args: argparse.Namespace) -> int:
     verb = "would remove" if args.dry_run else "removed"
     listing = args.verbosity > 0
     rows = []
+    failed = {f.run_id for f in report.failed}
     for r in report.runs:
         kinds: dict[str, int] = {}
         for key in r.deleted:
             kind = key.split("/")[2] if key.count("/") >= 3 else "other"
             kinds[kind] = kinds.get(kind, 0) + 1
-        what = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "-"
+        what = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+        if r.run_id in failed:
+            what = (what + "; " if what else "") + "a delete failed, the rest stays (see below)"
         kept = r.kept_snapshots
         rows.append([r.run_id, "a folder is no directory: nothing removed (see below)" if r.unread
                      else f"{len(kept)}: " + ", ".join(f"v{v}" for v in kept) if kept
                      else f"fewer than {args.keep_last} valid: nothing removed",
-                     str(len(r.deleted)), what])
+                     str(len(r.deleted)), what or "-"])
     title = f"prune {report.url} --keep-last {args.keep_last}" + (" (dry run)" if args.dry_run else "")
     if rows:
         print_table(console, [Col("run"), Col("kept snapshots", 1), Col(verb, justify="right"),

@@ -20,17 +20,29 @@ import argparse
 import json
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ckptfs.cli._common import EXIT_OK, EXIT_PROBLEMS, CliError, emit_json, err, out, run_not_found
+from ckptfs.cli._common import (
+    EXIT_OK,
+    EXIT_PROBLEMS,
+    MAX_VERSION,
+    CliError,
+    bad_value,
+    emit_json,
+    err,
+    out,
+    run_not_found,
+    whole_number,
+)
 from ckptfs.cli._logging import SCRUBBER
 from ckptfs.cli._options import (
     Target,
     add_config_arg,
     add_json_arg,
     add_storage_args,
+    check_option_types,
     load_cli_settings,
     merge_options,
     open_existing,
@@ -221,7 +233,7 @@ def _cmd_mirror(args: argparse.Namespace) -> int:
             try:
                 interval = parse_duration(args.interval, limit=MAX_SCHEDULE_SECONDS)
             except ValueError as exc:
-                raise CliError(f"--interval: {exc}") from None
+                raise bad_value("--interval", args.interval, exc) from None
         elif args.cron:
             cron = args.cron
         elif m.interval:
@@ -361,6 +373,9 @@ def _cmd_config_show(args: argparse.Namespace) -> int:
         merged = merge_options(settings.store.options, store_cli)
         SCRUBBER.add_options(merged)
         settings.store = settings.store.model_copy(update={"options": merged})
+    check_option_types(settings.store.url, settings.store.options)
+    if settings.mirror.url:
+        check_option_types(settings.mirror.url, settings.mirror.options)
     doc = settings.redacted()
     if store_cli:
         doc["store"]["options"] = redact_options(settings.store.options)
@@ -380,23 +395,11 @@ def _cmd_config_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: a whole number >= minimum, with a message naming what was wrong."""
-
-    def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-        if n < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {n}")
-        return n
-
-    return parse
-
-
-_positive = _int_at_least(1)
-_nonneg = _int_at_least(0)
+_versions = whole_number(1, MAX_VERSION, why_max=" (no run holds more versions)")
+_nonneg = whole_number(0, MAX_VERSION, why_max=" (a version has at most 12 digits)")
+# the bounds mirror.workers and mirror.attempts have in the settings (config.py)
+_workers = whole_number(1, 128)
+_attempts = whole_number(1, 100)
 
 
 def _option(p: argparse.ArgumentParser, flag: str, help: str) -> None:
@@ -419,8 +422,8 @@ def _common(p: argparse.ArgumentParser, operation: str) -> None:
         _option(p, "--mirror-option", "the same as --from-option (SRC, the mirror)")
         p.add_argument("--storage-option", "-o", action="append", default=[], dest="storage_option",
                        metavar="KEY=VALUE", help="refused: say --from-option or --to-option")
-    p.add_argument("--workers", type=_positive, default=None, help="parallel transfers (default 8)")
-    p.add_argument("--attempts", type=_positive, default=None,
+    p.add_argument("--workers", type=_workers, default=None, help="parallel transfers (default 8)")
+    p.add_argument("--attempts", type=_attempts, default=None,
                    help="tries per request on throttling/5xx/dropped connections (default 6)")
     add_json_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
@@ -435,9 +438,9 @@ def register(sub: Any) -> None:
     p.add_argument("src", nargs="?", metavar="SRC", help="primary store URL (default store.url, $CKPTFS_URL)")
     p.add_argument("dst", nargs="?", metavar="DST",
                    help="mirror URL (default mirror.url, $CKPTFS_MIRROR_URL)")
-    p.add_argument("--every-n", type=_positive, default=None, help="versions between points")
+    p.add_argument("--every-n", type=_versions, default=None, help="versions between points")
     p.add_argument("--latest", action="store_true", help="always mirror the newest version")
-    p.add_argument("--keep-last", type=_positive, default=None,
+    p.add_argument("--keep-last", type=_versions, default=None,
                    help="retention on the mirror: keep the newest N snapshots per run")
     p.add_argument("--run", action="append", default=None, metavar="ID",
                    help="only this run (repeatable); one SRC does not hold is refused (exit 2)")

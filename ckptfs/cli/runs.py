@@ -16,15 +16,18 @@ from typing import TYPE_CHECKING, Any
 from ckptfs.cli._common import (
     EXIT_OK,
     EXIT_PROBLEMS,
+    MAX_VERSION,
     CliError,
     blocked_dirs_of,
     dumps_json,
     emit_json,
     err,
     out,
+    quoted,
     run_not_found,
     warn,
     what_stands_there,
+    whole_number,
 )
 from ckptfs.cli._options import add_json_arg, add_store_args, open_existing, store_target
 from ckptfs.cli._render import (
@@ -47,14 +50,7 @@ if TYPE_CHECKING:
     from ckptfs.storage.base import Storage
 
 
-def _nonneg(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {n}")
-    return n
+_nonneg = whole_number(0, MAX_VERSION, why_max=" (a version has at most 12 digits)")
 
 
 def register(sub: Any) -> None:
@@ -304,7 +300,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     storage = _storage(args)
     state = _load(storage, args.run_id, args.version)
     if args.step is not None and args.step not in state.run.steps:
-        raise CliError(f"run {args.run_id!r} v{state.version} has no step {args.step!r}", kind="not-found")
+        raise CliError(f"run {args.run_id!r} v{state.version} has no step {quoted(args.step)}",
+                       kind="not-found")
     leases = _leases(storage, state)
     steps = [_step_doc(state, s, leases.get(s.id)) for s in state.run.steps.values()
              if args.step is None or s.id == args.step]

@@ -14,6 +14,12 @@ its references are unknowable, and deleting what it might point at could make a
 repairable store worse. The same holds for a run folder (`log/`, `delta/`, `snap/`) that is no
 directory (a symlink, never followed, or a file): its run's retention removes nothing, as
 what it holds is unknown, and nothing is collected.
+
+A delete that fails (a run folder this user may not write, an object a bucket policy protects)
+stops that run's retention only: prune is a nightly job, and one run it cannot touch must not
+keep every other run growing. The run is reported with the reason and what went before the
+failure; deletion order (snapshots, then deltas, then journal records) leaves the newest valid
+snapshot and everything a load from it reads, so the run loads as before.
 """
 
 from __future__ import annotations
@@ -21,10 +27,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ckptfs.errors import ConfigError, CorruptFileError, RunNotFoundError
+from ckptfs.errors import (
+    ConfigError,
+    CorruptFileError,
+    RunNotFoundError,
+    StorageUnavailableError,
+    StoreNotWritableError,
+)
 from ckptfs.format.keys import (
     ARTIFACTS,
     RUNS,
@@ -34,6 +46,7 @@ from ckptfs.format.keys import (
     not_a_directory,
     parse_artifact_key,
     run_dirs,
+    run_prefix,
 )
 from ckptfs.format.models import ArtifactRef, validate_id
 from ckptfs.format.reader import collect_refs, decode_run_file
@@ -47,6 +60,28 @@ from ckptfs.store.retention import RetentionResult
 logger = logging.getLogger(__name__)
 
 DEFAULT_ARTIFACT_GRACE = 24 * 3600.0
+
+
+@dataclass
+class PruneFailure:
+    """A delete that failed: the run (None: artifact collection), why, and how far it got.
+
+    `code` is the CLI's error code for the cause (not-writable, unreachable, io-error), so a
+    store nothing could be deleted from at all is reported as the one error it is."""
+
+    run_id: str | None
+    code: str
+    reason: str
+    deleted: list[str] = field(default_factory=list)
+    not_deleted: list[str] = field(default_factory=list)
+
+
+def _failure_code(exc: OSError) -> str:
+    if isinstance(exc, StoreNotWritableError):
+        return "not-writable"
+    return "unreachable" if isinstance(exc, StorageUnavailableError) else "io-error"
+
+
 @dataclass
 class PruneReport:
     """What prune removed (or, with dry_run, would remove), and why anything was left."""
@@ -61,6 +96,7 @@ class PruneReport:
     artifacts_referenced: int = 0
     artifact_gc: str = "not run"
     problems: list[str] = field(default_factory=list)
+    failed: list[PruneFailure] = field(default_factory=list)
 
     @property
     def deleted(self) -> list[str]:
@@ -77,6 +113,8 @@ class PruneReport:
             "runs": [asdict(r) for r in self.runs],
             "artifacts": {"deleted": self.artifacts_deleted, "young_unreferenced": self.artifacts_young,
                           "referenced": self.artifacts_referenced, "gc": self.artifact_gc},
+            "failed": [{"run": f.run_id, "code": f.code, "reason": f.reason, "deleted": f.deleted,
+                        "not_deleted": f.not_deleted} for f in self.failed],
             "problems": self.problems,
         }
 
@@ -122,7 +160,10 @@ def prune(
     report.problems += [f"{not_a_directory([k])}: no version of run {k.split('/')[1]!r} can be read; "
                         "it is not pruned" for k in unseen]
     for rid in run_ids:
-        result = store.apply_retention(rid, keep_last, dry_run=dry_run)
+        # planned first, deleted here: a failed delete then still says what went and what not
+        result = store.apply_retention(rid, keep_last, dry_run=True)
+        if not dry_run and result.deleted:
+            result = _delete_run_files(storage, report, result)
         if result.unread:
             report.problems += [f"{why}; run {rid!r} is not pruned: nothing of it is removed"
                                 for why in result.unread]
@@ -135,6 +176,27 @@ def prune(
     else:
         report.artifact_gc = "skipped: --run given (collection needs every run's references)"
     return report
+
+
+def _delete_run_files(storage: Storage, report: PruneReport, plan: RetentionResult) -> RetentionResult:
+    """Delete what retention planned for one run, in its order; on a failure, record it and
+    return what was really deleted (a listing tells), so the rest of prune goes on."""
+    try:
+        storage.delete_many(plan.deleted)
+    except OSError as exc:  # StoreNotWritableError and StorageUnavailableError are OSErrors
+        left = set(list_keys(storage, run_prefix(plan.run_id)))  # a dead store raises here
+        gone = [k for k in plan.deleted if k not in left]
+        failure = PruneFailure(plan.run_id, _failure_code(exc), str(exc), gone,
+                               [k for k in plan.deleted if k in left])
+        report.failed.append(failure)
+        done = (f"{len(gone)} of its {len(plan.deleted)} file(s) to remove went first, "
+                f"{len(failure.not_deleted)} stay" if gone else "nothing of it was removed")
+        report.problems.append(
+            f"run {plan.run_id!r} not pruned: {failure.reason}; {done} (older snapshots go first, "
+            "so it loads as before; a later prune removes the rest once it can)")
+        logger.debug("run %s: delete failed", plan.run_id, exc_info=True)
+        return replace(plan, deleted=gone, dry_run=False)
+    return replace(plan, dry_run=False)
 
 
 def _referenced(storage: Storage, doomed: set[str], seen: set[str]) -> tuple[set[str], list[str]]:
@@ -210,6 +272,15 @@ def _collect_artifacts(storage: Storage, report: PruneReport, now: float) -> Non
         except FileNotFoundError:
             continue
         if not report.dry_run:
-            storage.delete(artifact_key(sha))
+            try:
+                storage.delete(artifact_key(sha))
+            except OSError as exc:  # the rest would fail alike: stop, say why, keep what was done
+                report.failed.append(PruneFailure(None, _failure_code(exc), str(exc),
+                                                  list(report.artifacts_deleted),
+                                                  candidates[candidates.index(key):]))
+                report.artifact_gc = f"stopped: {exc}"
+                report.problems.append(f"artifact collection stopped after {len(report.artifacts_deleted)} "
+                                       f"deleted: {exc}")
+                return
         report.artifacts_deleted.append(key)
     report.artifact_gc = "done"
