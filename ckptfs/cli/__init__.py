@@ -16,6 +16,7 @@ URL or store unreachable, 3 internal error, 130 interrupted (see `_common` for t
 from __future__ import annotations
 
 import argparse
+import codecs
 import importlib
 import io
 import sys
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ckptfs.cli._common import EXIT_USAGE, CliError, Output, fail, reader_gone, run_command
+from ckptfs.storage.fs import key_name
 
 COMMAND_MODULES = ("ckptfs.cli.runs", "ckptfs.cli.maintenance", "ckptfs.cli.replication",
                    "ckptfs.cli.langgraph")
@@ -74,10 +76,51 @@ def _printable_output() -> None:
     Under PYTHONIOENCODING=ascii (or a locale whose codec lacks a character) a run id, a goal
     or a path with one non-ASCII character stopped `runs` and `show` with "unexpected
     UnicodeEncodeError", exit 3, the table half-written. stderr already does this by default;
-    `--json` escapes everything non-ASCII anyway."""
+    `--json` escapes everything non-ASCII anyway.
+
+    In the C locale without UTF-8 mode (`LC_ALL=C PYTHONUTF8=0`) Python opens them ascii with
+    "surrogateescape", which fails on any other character (a table's "…" stopped `runs` with
+    exit 3): there, undecodable bytes of a file name still go out as they came in, and the
+    rest is spelled out."""
     for stream in (sys.stdout, sys.stderr):
-        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
-            stream.reconfigure(errors="backslashreplace")
+        if isinstance(stream, io.TextIOWrapper) and stream.errors in ("strict", "surrogateescape"):
+            stream.reconfigure(errors=_PRINTABLE if stream.errors == "surrogateescape" else
+                               "backslashreplace")
+
+
+def _bytes_back_else_spelled(exc: UnicodeError) -> tuple[str | bytes, int]:
+    """surrogateescape for the bytes a file name could not decode, backslashreplace for the
+    rest, one character at a time (a handler answers str or bytes, never both)."""
+    if not isinstance(exc, UnicodeEncodeError):
+        raise exc
+    at = exc.start
+    code = ord(exc.object[at])
+    if 0xDC80 <= code <= 0xDCFF:
+        return bytes([code - 0xDC00]), at + 1
+    one = UnicodeEncodeError(exc.encoding, exc.object, at, at + 1, exc.reason)
+    return codecs.backslashreplace_errors(one)
+
+
+_PRINTABLE = "ckptfs-printable"
+codecs.register_error(_PRINTABLE, _bytes_back_else_spelled)
+
+
+_ID_ARGS = ("run_id", "run", "thread", "threads")
+
+
+def _ids_as_keys(args: argparse.Namespace) -> None:
+    """Run and thread ids as the store spells them: UTF-8, whatever the locale decoded argv
+    with (`key_name`). Under `LC_ALL=C PYTHONUTF8=0`, `show STORE résumé` asked for
+    "r\\udcc3\\udca9sum\\udcc3\\udca9" and found nothing. Paths stay as the OS gave them."""
+    for name in _ID_ARGS:
+        value = getattr(args, name, None)
+        try:
+            if isinstance(value, str):
+                setattr(args, name, key_name(value))
+            elif isinstance(value, list):
+                setattr(args, name, [key_name(v) if isinstance(v, str) else v for v in value])
+        except UnicodeError:  # given as text, not as the OS decoded it (main([...]) from Python)
+            continue
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -89,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Output.command = next((a for a in argv if not a.startswith("-")), "")
     parser = build_parser()
     args = parser.parse_args(argv)
+    _ids_as_keys(args)
     Output.json = bool(getattr(args, "json", False))
     Output.command = " ".join(str(c) for c in (args.command, getattr(args, "config_command", None)) if c)
     args.verbosity = int(args.verbose) + int(getattr(args, "sub_verbose", 0) or 0)

@@ -9,12 +9,14 @@ files, at most the size they had when opened. Used by `LocalStorage` and the rec
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import ctypes
 import ctypes.util
 import errno
 import os
 import stat
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +36,20 @@ def _load_renameat2() -> Any:
 
 
 RENAMEAT2 = _load_renameat2()
+# Keys are UTF-8 on disk whatever the locale. Python names files in its filesystem encoding:
+# under `LC_ALL=C PYTHONUTF8=0` (ascii) a run "résumé" written from a UTF-8 shell listed as
+# "r\udcc3\udca9sum\udcc3\udca9", and every command read that healthy run as corrupt.
+_UTF8_NAMES = codecs.lookup(sys.getfilesystemencoding()).name == "utf-8"
+
+
+def os_name(name: str) -> str:
+    """A key (or part of one) as the OS calls take it: its UTF-8 bytes, in the locale's str."""
+    return name if _UTF8_NAMES else os.fsdecode(name.encode("utf-8", "surrogateescape"))
+
+
+def key_name(name: str) -> str:
+    """A name the OS gave back (from `os_name`, a listing) as the key it stands for."""
+    return name if _UTF8_NAMES else os.fsencode(name).decode("utf-8", "surrogateescape")
 AT_FDCWD = -100
 RENAME_NOREPLACE = 1
 

@@ -27,9 +27,11 @@ from ckptfs.storage.fs import (
     LinkRefused,
     NotRegular,
     entry_kind,
+    key_name,
     lstat_mode,
     open_dir_beneath,
     open_regular,
+    os_name,
     read_bounded,
 )
 
@@ -89,7 +91,7 @@ class LocalStorage(Storage):
 
     def __init__(self, url: str, root: str, options: Mapping[str, Any] | None = None) -> None:
         super().__init__(url, options)
-        self.root = os.path.abspath(root)
+        self.root = os.path.abspath(os_name(root))  # a file:// URL's root is UTF-8 too
         self.fsync = bool(self.options.get("fsync", True))
         self._use_renameat2 = RENAMEAT2 is not None
         self._use_tmpfile = _TMPFILE_OK
@@ -97,11 +99,12 @@ class LocalStorage(Storage):
         self._tmp_seq = itertools.count()
 
     def _path(self, key: str) -> str:
-        return os.path.join(self.root, *check_key(key).split("/"))
+        return os.path.join(self.root, *os_name(check_key(key)).split("/"))
 
     @staticmethod
     def _split(key: str) -> tuple[list[str], str]:
-        parts = check_key(key).split("/")
+        """The key's directories and file name, as the OS calls take them (`os_name`)."""
+        parts = os_name(check_key(key)).split("/")
         return parts[:-1], parts[-1]
 
     def local_path(self, key: str) -> str:
@@ -506,7 +509,7 @@ class LocalStorage(Storage):
         """Sorted keys under `prefix`: every entry that is not a directory (links and special
         files included, so verify can report them), descending only into real directories."""
         stripped = prefix.rstrip("/")
-        parts = check_key(stripped).split("/") if stripped else []
+        parts = os_name(check_key(stripped)).split("/") if stripped else []
         try:
             fd = open_dir_beneath(self.root, parts)
         except FileNotFoundError:
@@ -524,7 +527,8 @@ class LocalStorage(Storage):
         except NotADirectoryError:
             raise StorageUnavailableError(f"{self.display_url}: not a directory") from None
         out: list[str] = []
-        self._walk(fd, stripped + "/" if stripped else "", out)
+        self._walk(fd, "/".join(parts) + "/" if parts else "", out)
+        out = [key_name(k) for k in out]
         out.sort()
         if start_after is not None:
             out = [k for k in out if k > start_after]
@@ -592,7 +596,7 @@ class LocalStorage(Storage):
         """Real directories directly under `prefix`; a link to a directory is none of ours."""
         stripped = prefix.rstrip("/")
         try:
-            fd = open_dir_beneath(self.root, check_key(stripped).split("/") if stripped else [])
+            fd = open_dir_beneath(self.root, os_name(check_key(stripped)).split("/") if stripped else [])
         except (FileNotFoundError, NotADirectoryError, LinkRefused):
             return []
         except PermissionError as exc:
@@ -600,7 +604,7 @@ class LocalStorage(Storage):
                                           f"{exc.strerror}") from None
         try:
             with os.scandir(fd) as it:
-                return sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
+                return sorted(key_name(e.name) for e in it if e.is_dir(follow_symlinks=False))
         finally:
             os.close(fd)
 
