@@ -8,6 +8,22 @@ from __future__ import annotations
 
 from typing import Any
 
+SHOWN_CHARS = 40  # what a message quotes of a value someone gave
+
+
+def quote_value(text: str, limit: int = SHOWN_CHARS) -> str:
+    """A value a caller gave, quoted for an error message or a log line: whole up to `limit`
+    characters, else its first `limit` and its length.
+
+    A message that echoes a bad value whole is as long as the value: a 5,000-character cron
+    expression or duration made a 5,000-character error (and log) line, which buries the one
+    useful word and tells nothing the first characters do not. Here, the lowest layer, so the
+    library's messages and the CLI's (`cli._common.quoted`) cut values the same way.
+    """
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}… ({len(text)} characters)"
+
 
 class CkptfsError(Exception):
     """Base of every ckptfs error, so callers can catch the family at once.

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptfs.cli._logging import SCRUBBER
 from ckptfs.errors import (
+    SHOWN_CHARS,
     CheckpointCorruptError,
     CkptfsError,
     ConfigError,
@@ -41,6 +42,7 @@ from ckptfs.errors import (
     StorageUnavailableError,
     StoreNotWritableError,
     VersionNotFoundError,
+    quote_value,
 )
 
 if TYPE_CHECKING:
@@ -127,7 +129,6 @@ def reader_gone() -> int:
 
 Handler = Callable[[argparse.Namespace], int]
 
-SHOWN_CHARS = 40  # what an error message quotes of a value the user gave
 # format.keys.MAX_VERSION (a key holds 12 digits), not imported: registering a subcommand
 # imports nothing heavy, and format.keys brings pydantic. A version, a count of versions
 # or of snapshots past it names nothing a store can hold.
@@ -138,10 +139,9 @@ _WHOLE = re.compile(r"[+-]?[0-9]+", re.ASCII)
 def quoted(text: str, limit: int = SHOWN_CHARS) -> str:
     """A value the user gave, quoted for an error message and cut to `limit` characters: a
     5,000-digit `--keep-last` filled the terminal (and a CI log) with itself, and told nothing
-    the first characters do not."""
-    if len(text) <= limit:
-        return repr(text)
-    return f"{text[:limit]!r}… ({len(text)} characters)"
+    the first characters do not. The library's `quote_value`, so a value the CLI names and one
+    a library message names (parse_duration, parse_subset, a cron expression) read alike."""
+    return quote_value(text, limit)
 
 
 def cut(text: str, limit: int = SHOWN_CHARS) -> str:
@@ -153,7 +153,7 @@ def bad_value(flag: str, text: str, exc: Exception) -> CliError:
     """A usage error for `flag` from a parser's message (parse_duration, parse_subset), with
     the value as that message quoted it cut short (`quoted`)."""
     message = str(exc)
-    if len(text) > SHOWN_CHARS:
+    if len(text) > SHOWN_CHARS and quoted(text) not in message:  # not cut by the library already
         message = message.replace(repr(text), quoted(text))
         if len(message) > len(text):  # the value is in it some other way: say it without
             message = f"{quoted(text)} is not a valid value"

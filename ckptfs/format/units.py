@@ -3,9 +3,10 @@ config file, the environment and every CLI option, so `24h` means the same every
 
 from __future__ import annotations
 
+import math
 import re
 
-from ckptfs.errors import ConfigError
+from ckptfs.errors import ConfigError, quote_value
 
 _PART = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
@@ -23,13 +24,21 @@ def parse_duration(text: str | float | int, *, allow_zero: bool = False,
 
     A bare number is seconds and may only stand last ('1h30' is refused: 30 what?). Zero is
     refused unless `allow_zero` (an interval of 0 would spin; a grace period of 0 is a choice);
-    more than `limit` seconds too (a schedule's, MAX_SCHEDULE_SECONDS).
+    more than `limit` seconds too (a schedule's, MAX_SCHEDULE_SECONDS). The message quotes
+    the text cut short (`quote_value`): it comes from a config file, the environment or a
+    command line, any length.
     """
     if isinstance(text, int | float) and not isinstance(text, bool):
-        seconds = float(text)
+        try:
+            seconds = float(text)
+        except OverflowError:  # an int past a float's range; str() of it may not even work
+            digits = int(abs(int(text)).bit_length() * math.log10(2)) + 1
+            raise ConfigError(f"duration of about {digits} digits is too long") from None
         if seconds != seconds or seconds in (float("inf"), float("-inf")):
             raise ConfigError(f"{text!r} is not a duration")
+        shown = f"{seconds:g}"
     else:
+        shown = quote_value(str(text))
         s = str(text).strip().lower()
         pos, seconds = 0, 0.0
         for m in _PART.finditer(s):
@@ -40,11 +49,13 @@ def parse_duration(text: str | float | int, *, allow_zero: bool = False,
             while pos < len(s) and s[pos] == " ":
                 pos += 1
         if not s or pos != len(s):
-            raise ConfigError(f"{text!r} is not a duration: a number with optional units s/m/h/d/w "
+            raise ConfigError(f"{shown} is not a duration: a number with optional units s/m/h/d/w "
                               f"(e.g. 30s, 24h, 1h30m)")
     if seconds < 0 or (seconds == 0 and not allow_zero):
-        raise ConfigError(f"duration {text!r} must be {'zero or ' if allow_zero else ''}positive")
+        raise ConfigError(f"duration {shown} must be {'zero or ' if allow_zero else ''}positive")
+    if seconds == float("inf"):  # digits past a float's range ('9' * 400): no length of time
+        raise ConfigError(f"duration {shown} is too long")
     if limit is not None and seconds > limit:
-        raise ConfigError(f"duration {text!r} is too long: at most {limit:g}s "
+        raise ConfigError(f"duration {shown} is too long: at most {limit:g}s "
                           f"({limit / (365 * 86400):g} years)")
     return seconds

@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ckptfs.errors import ConfigError, RunNotFoundError
+from ckptfs.errors import ConfigError, RunNotFoundError, quote_value
 from ckptfs.format import codec
 from ckptfs.format.keys import (
     NAMESPACE_PLUGINS,
@@ -134,11 +134,17 @@ class Report:
 
 
 def parse_subset(text: str) -> tuple[int, int]:
-    """'K/N' -> (K, N), 1 <= K <= N; anything else is a ConfigError naming the text."""
+    """'K/N' -> (K, N), 1 <= K <= N; anything else is a ConfigError naming the text, cut short
+    (`quote_value`: a 5,000-character value made a 5,000-character message). Digits past
+    Python's int conversion limit are such a ConfigError too, not the bare ValueError of int()."""
     m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
-    if not m or not 1 <= int(m[1]) <= int(m[2]):
-        raise ConfigError(f"subset {text!r} is not K/N with 1 <= K <= N (e.g. 3/10)")
-    return int(m[1]), int(m[2])
+    try:
+        k, n = (int(m[1]), int(m[2])) if m else (0, 0)
+    except ValueError:  # more digits than int() converts: no slice of anything
+        k, n = 0, 0
+    if not 1 <= k <= n:
+        raise ConfigError(f"subset {quote_value(text)} is not K/N with 1 <= K <= N (e.g. 3/10)")
+    return k, n
 
 
 def in_subset(hex_digest: str, k: int, n: int) -> bool:

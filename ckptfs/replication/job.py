@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from ckptfs.errors import (
-    ConfigError,
-)
+from ckptfs.errors import SHOWN_CHARS, ConfigError, quote_value
 from ckptfs.format.units import MAX_SCHEDULE_SECONDS
 from ckptfs.replication.copy import DEFAULT_ATTEMPTS, DEFAULT_WORKERS, StorageLike
 from ckptfs.replication.mirror import Mirror
@@ -22,14 +21,33 @@ logger = logging.getLogger(__name__)
 
 
 def to_seconds(interval: float | timedelta | None) -> float | None:
+    """Seconds between mirror passes; a ConfigError for anything that is not a positive number
+    of them. A bad value is named cut short (`quote_value`): float()'s own error quoted a
+    5,000-character string whole, and was a ValueError no caller took for bad settings."""
     if interval is None:
         return None
-    s = interval.total_seconds() if isinstance(interval, timedelta) else float(interval)
+    try:
+        s = interval.total_seconds() if isinstance(interval, timedelta) else float(interval)
+    except OverflowError:  # an int past a float's range
+        raise ConfigError(f"mirror interval is too long: at most {MAX_SCHEDULE_SECONDS}s") from None
+    except (TypeError, ValueError):
+        shown = quote_value(interval) if isinstance(interval, str) else f"of type {type(interval).__name__}"
+        raise ConfigError(f"mirror interval {shown} is not a number of seconds") from None
     if not s > 0:
         raise ConfigError(f"mirror interval must be positive, got {s}s")
     if s > MAX_SCHEDULE_SECONDS:
         raise ConfigError(f"mirror interval {s:g}s is too long: at most {MAX_SCHEDULE_SECONDS}s")
     return s
+
+
+_LONG_WORD = re.compile(rf"[^\s'\"()]{{{SHOWN_CHARS + 1},}}")
+
+
+def _cut_long_words(detail: str) -> str:
+    """APScheduler's reason for refusing a cron expression, each word of it longer than
+    SHOWN_CHARS cut to its start and length: the reason repeats the bad field, and parts of it
+    ("Error validating expression '1-555…': the last value (555…)"), in full."""
+    return _LONG_WORD.sub(lambda m: f"{m[0][:SHOWN_CHARS]}… ({len(m[0])} characters)", detail)
 
 
 class MirrorJob:
@@ -85,7 +103,8 @@ class MirrorJob:
             try:
                 self._trigger = CronTrigger.from_crontab(cron, timezone=timezone)
             except ValueError as exc:
-                raise ConfigError(f"bad cron expression {cron!r}: {exc}") from None
+                raise ConfigError(f"bad cron expression {quote_value(cron)}: "
+                                  f"{_cut_long_words(str(exc))}") from None
         elif self.interval is not None:
             from apscheduler.triggers.interval import IntervalTrigger
 

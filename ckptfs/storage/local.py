@@ -126,18 +126,20 @@ class LocalStorage(Storage):
 
     # ------------------------------------------------------------------ errors, in words
 
-    def _not_writable(self, key: str, why: str) -> StoreNotWritableError:
-        return StoreNotWritableError(f"{self.display_url}: cannot write {key}: {why}")
+    def _not_writable(self, key: str, why: str, change: str = "write") -> StoreNotWritableError:
+        return StoreNotWritableError(f"{self.display_url}: cannot {change} {key}: {why}")
 
-    def _write_error(self, key: str, exc: OSError | LinkRefused) -> Exception:
-        """The domain error for a failed write: a read-only store or a link is one clear line."""
+    def _write_error(self, key: str, exc: OSError | LinkRefused, change: str = "write") -> Exception:
+        """The domain error for a failed change of `key`: a read-only store or a link is one
+        clear line. `change` is the verb it says, "write" or "delete": a delete refused in a
+        read-only folder said "cannot write", which is not what was tried."""
         if isinstance(exc, LinkRefused):
-            return self._not_writable(key, exc.reason)
+            return self._not_writable(key, exc.reason, change)
         if exc.errno in DENIED:
             return self._not_writable(key, f"{exc.strerror} (a read-only store or filesystem, or "
-                                           "not this user's?)")
+                                           "not this user's?)", change)
         if exc.errno == errno.EISDIR:
-            return self._not_writable(key, "a directory is in the way")
+            return self._not_writable(key, "a directory is in the way", change)
         if exc.errno == errno.ENOTDIR:
             return StorageUnavailableError(f"{self.display_url}: {exc.strerror}: {exc.filename or key}")
         return exc
@@ -437,7 +439,7 @@ class LocalStorage(Storage):
             logger.warning("%s: not deleting %s: %s", self.display_url, ", ".join(keys[:3]), exc.reason)
             return
         except OSError as exc:
-            raise self._write_error(keys[0], exc) from None
+            raise self._write_error(keys[0], exc, "delete") from None
         try:
             removed = False
             for key in keys:
@@ -453,7 +455,7 @@ class LocalStorage(Storage):
                     if exc.errno == errno.EPERM and stat.S_ISDIR(lstat_mode(dfd, name) or 0):
                         logger.warning("%s: not deleting %s: it is a directory", self.display_url, key)
                         continue
-                    raise self._write_error(key, exc) from None
+                    raise self._write_error(key, exc, "delete") from None
                 removed = True
             if removed:
                 self._fsync_fd(dfd)

@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any
 
-from ckptfs.errors import ConfigError, StorageUnavailableError
+from ckptfs.errors import ConfigError, StorageUnavailableError, StoreNotWritableError
 from ckptfs.storage.base import COPY_CHUNK, Capabilities, Keys, PreconditionFailed, Storage, check_key
 from ckptfs.storage.redact import scrub_secrets
 
@@ -24,6 +24,12 @@ _UNAVAILABLE_CODES = {
     "ExpiredToken", "InvalidToken", "AllAccessDisabled", "InvalidBucketName", "403",
     "AuthorizationHeaderMalformed", "PermanentRedirect", "301",
 }
+
+
+# What a change needs that S3's AccessDenied (HTTP 403; a bare "403" when the reply has no
+# body) refused, by the verb a message says: a policy without it makes the store read-only.
+_CHANGE_ACTIONS = {"write": "s3:PutObject", "delete": "s3:DeleteObject"}
+_DENIED_CODES = ("AccessDenied", "403")
 
 
 def s3_error(exc: BaseException) -> tuple[str | None, int | None]:
@@ -182,8 +188,27 @@ class S3Storage(Storage):
         if client is not None:
             guard_connections(client)
 
+    def _denied(self, key: str | None, change: str, detail: str) -> StoreNotWritableError:
+        """The error for a write or delete S3 answered AccessDenied: the store is not writable
+        to these credentials (an IAM policy without s3:PutObject or s3:DeleteObject, a bucket
+        policy protecting the objects), not unreachable. Reported as unreachable, it sent an
+        operator after the network, and `prune` called such a run's failure `unreachable`.
+        Names the key and the permission; the server's words are scrubbed of every secret in
+        the options (the store's URL is already redacted)."""
+        return StoreNotWritableError(
+            f"{self.display_url}: cannot {change} {key}: access denied ({_CHANGE_ACTIONS[change]} "
+            f"refused by an IAM or bucket policy?): {scrub_secrets(detail, self.options)}")
+
     @contextlib.contextmanager
-    def _errors(self, key: str | None = None) -> Iterator[None]:
+    def _errors(self, key: str | None = None, change: str | None = None) -> Iterator[None]:
+        """S3 and s3fs errors as the domain's, for a call about `key`.
+
+        `change` says what a call that changes the store does ("write" or "delete"): an
+        AccessDenied on it is StoreNotWritableError (see `_denied`). On a read, or a refusal
+        of the credentials themselves (InvalidAccessKeyId, SignatureDoesNotMatch,
+        ExpiredToken: s3fs makes these PermissionError too), it stays StorageUnavailableError,
+        "access refused": the store cannot be used with these credentials at all.
+        """
         try:
             self._guard_connections()
             yield
@@ -195,6 +220,8 @@ class S3Storage(Storage):
         except StorageUnavailableError:
             raise
         except PermissionError as exc:
+            if change is not None and s3_error(exc)[0] in _DENIED_CODES:
+                raise self._denied(key, change, str(exc)) from None
             raise StorageUnavailableError(f"{self.display_url}: access refused: {exc}") from None
         except OSError as exc:
             code = s3_error(exc)[0]
@@ -216,7 +243,7 @@ class S3Storage(Storage):
             raise
 
     def _put(self, key: str, data: bytes, **cond: str) -> str:
-        with self._errors(key):
+        with self._errors(key, "write"):
             resp = self.fs.call_s3("put_object", Bucket=self.bucket, Key=self._key(key),
                                    Body=data, **cond)
         return str(resp.get("ETag", ""))
@@ -323,7 +350,7 @@ class S3Storage(Storage):
                       for p in self._list(prefix, True, None))
 
     def delete(self, key: str) -> None:
-        with self._errors(key):
+        with self._errors(key, "delete"):
             self.fs.call_s3("delete_object", Bucket=self.bucket, Key=self._key(key))
 
     def delete_many(self, keys: Sequence[str]) -> None:
@@ -333,12 +360,16 @@ class S3Storage(Storage):
         for i in range(0, len(keys), 1000):
             chunk = keys[i : i + 1000]
             objects = [{"Key": self._key(k)} for k in chunk]
-            with self._errors(chunk[0] if chunk else None):
+            with self._errors(chunk[0] if chunk else None, "delete"):
                 resp = self.fs.call_s3("delete_objects", Bucket=self.bucket,
                                        Delete={"Objects": objects, "Quiet": True})
             errors = resp.get("Errors") or []
             if errors:
                 first = errors[0]
+                if first.get("Code") in _DENIED_CODES:  # a policy without s3:DeleteObject answers so
+                    raise self._denied(self._rel(first.get("Key", "")), "delete",
+                                       f"{len(errors)} of {len(chunk)} objects refused, first with "
+                                       f"{first.get('Code')}: {first.get('Message')}")
                 raise StorageUnavailableError(
                     f"{self.display_url}: could not delete {len(errors)} of {len(chunk)} objects, "
                     f"first {self._rel(first.get('Key', ''))!r}: {first.get('Code')} {first.get('Message')}")
@@ -356,7 +387,7 @@ class S3Storage(Storage):
     def touch(self, key: str) -> None:
         """Copy the object onto itself with new metadata: S3's only way to renew LastModified."""
         full = self._key(key)
-        with self._errors(key):
+        with self._errors(key, "write"):
             self.fs.call_s3("copy_object", Bucket=self.bucket, Key=full,
                             CopySource={"Bucket": self.bucket, "Key": full},
                             MetadataDirective="REPLACE", Metadata={"ckptfs-touched": f"{time.time():.0f}"})
@@ -373,12 +404,12 @@ class S3Storage(Storage):
         if not first:
             self.put_if_absent(key, b"") if exclusive else self.put(key, b"")
             return
-        with self._errors(key):
+        with self._errors(key, "write"):
             f = self.fs.open(path, "xb" if exclusive else "wb", block_size=8 * COPY_CHUNK)
         try:
             chunk = first
             while chunk:
-                with self._errors(key):
+                with self._errors(key, "write"):
                     f.write(chunk)
                 chunk = src.read(COPY_CHUNK)
         except BaseException:
@@ -386,7 +417,7 @@ class S3Storage(Storage):
                 f.discard()
             f.closed = True
             raise
-        with self._errors(key):
+        with self._errors(key, "write"):
             f.close()
 
     def open_read(self, key: str) -> IO[bytes]:
