@@ -328,7 +328,7 @@ def test_odd_entry_under_runs_does_not_stop_prune(odd: str, tmp_path: Path) -> N
     _make_store(url, "good")
     (url / "runs" / name).mkdir()
     assert len(_snaps(url / "runs" / "good")) > 1
-    proc = _run(["prune", str(url), "--keep-last", "1"], tmp_path)
+    proc = _run(["prune", str(url), "--keep-last", "1", "--superseded-grace", "0"], tmp_path)
     output = proc.stdout + proc.stderr
     assert proc.returncode in (0, 1), f"prune exit {proc.returncode}: {proc.stderr.strip()[:200]}"
     assert len(_snaps(url / "runs" / "good")) == 1, "the good run was not pruned"

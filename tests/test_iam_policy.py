@@ -399,8 +399,10 @@ import json, sys
 from ckptfs import AgentRun, CheckpointStore, CompactionPolicy, Step, StepStatus
 url, opts, big = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
 # small thresholds: several snapshots and automatic retention (deletes) within a dozen commits
-# fence_seconds=0: pruned journal records go at once (and each commit checks its base)
-policy = CompactionPolicy(fanout=4, max_plan=3, min_snapshot_bytes=1, keep_last=2, fence_seconds=0)
+# fence_seconds=0: pruned journal records go at once (and each commit checks its base);
+# superseded_grace=0: superseded snapshots too, so version 1 is gone for the load below
+policy = CompactionPolicy(fanout=4, max_plan=3, min_snapshot_bytes=1, keep_last=2, fence_seconds=0,
+                          superseded_grace=0)
 store = CheckpointStore(url, opts, policy=policy)
 run = AgentRun(goal="check the IAM policy")
 for i in range(12):
@@ -548,7 +550,8 @@ def _record_scenario(s3_server: EmbeddedS3, tmp_path_factory: pytest.TempPathFac
                            "--no-progress", *frm, *to])
         run("restore-local", [CKPTFS, "restore", url["mirror"], str(work / "local"), "--json",
                               "--no-progress", *frm])
-        run("prune", [CKPTFS, "prune", url["store"], "--keep-last", "1", "--json", *o])
+        run("prune", [CKPTFS, "prune", url["store"], "--keep-last", "1", "--superseded-grace", "0",
+                      "--json", *o])
         both = json.dumps(opts)
         run("config-show-check", [CKPTFS, "config", "show", "--check", "--json"],
             env={"CKPTFS_URL": url["store"], "CKPTFS_STORAGE_OPTIONS": both,

@@ -170,7 +170,8 @@ def test_mirror_side_retention_keeps_last_n_snapshots(tmp_path: Path, memory_url
     store = CheckpointStore(src, policy=POLICY, artifact_threshold=1024)
     for _ in range(6):
         work(store, RUN, 60, stop_after=8)
-        assert mirror(src, memory_url, every_n=1, keep_last=2).ok
+        # every copy is seconds old: the default grace would keep all six snapshots
+        assert mirror(src, memory_url, every_n=1, keep_last=2, superseded_grace=0.0).ok
     snaps = [k for k in open_storage(memory_url).list(f"runs/{RUN}/snap")]
     assert len(snaps) == 2
     assert CheckpointStore(memory_url).load_run(RUN) == store.load_run(RUN)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
+from ckptfs import AgentRun, CheckpointStore, CompactionPolicy, Step, StepStatus
 from ckptfs.cli import main as cli_main
 from ckptfs.errors import ConfigError
 from ckptfs.format.keys import parse_artifact_key, parse_run_key
@@ -111,7 +111,8 @@ def test_every_snapshot_but_one_broken_keeps_the_valid_one(store_copy: Path) -> 
 
 
 def test_crash_midway_through_retention_is_not_damage(store_copy: Path) -> None:
-    store = CheckpointStore(str(store_copy))
+    # no superseded grace: the copy's snapshots are all young, and the crash order is the point
+    store = CheckpointStore(str(store_copy), policy=CompactionPolicy(superseded_grace=0.0))
     doomed = store.apply_retention("alpha", 1, dry_run=True).deleted
     snaps_and_deltas = [k for k in doomed if "/log/" not in k]
     assert snaps_and_deltas and len(snaps_and_deltas) < len(doomed)

@@ -26,9 +26,10 @@ def test_refresh_is_not_stale_when_retention_kept_only_the_newest_snapshot(tmp_p
     """keep_last=1 and a snapshot at the newest version: retention removes every journal record,
     so LISTing log/ after the head finds nothing. That is not 'nothing new'."""
     u = str(tmp_path / "s")
-    # a snapshot at every commit, whatever the sizes (a snapshot's header holds the summary too)
+    # a snapshot at every commit, whatever the sizes (a snapshot's header holds the summary
+    # too); no superseded grace, so the case is the one this test is about: no record left
     a = CheckpointStore(u, policy=CompactionPolicy(min_snapshot_bytes=1, snapshot_ratio=0.001, keep_last=1,
-                                                   background=False))
+                                                   superseded_grace=0.0, background=False))
     a.save_run(_run())
     b = CheckpointStore(u)
     assert b.refresh("r") is not None  # b's head: v1

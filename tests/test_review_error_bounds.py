@@ -21,7 +21,6 @@ answers a principal without s3:DeleteObject). The CLI is the real executable.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import os
 import re
@@ -251,18 +250,6 @@ def test_s3_delete_objects_refusing_each_key_is_not_writable(s3: EmbeddedS3, s3_
     assert "2 of 2 objects refused" in str(e.value)
 
 
-def age_bucket(bucket: str, seconds: float) -> None:
-    """Every object in the (in-process) moto bucket `seconds` older: prune's grace for what was
-    just superseded then keeps nothing, so it has something to delete."""
-    from moto.core import DEFAULT_ACCOUNT_ID
-    from moto.s3.models import s3_backends
-
-    keys = s3_backends[DEFAULT_ACCOUNT_ID]["global"].buckets[bucket].keys
-    for name in list(keys.keys()):
-        for key in keys.getlist(name):
-            key.last_modified -= datetime.timedelta(seconds=seconds)
-
-
 def test_cli_prune_on_s3_denied_deletes_is_not_writable(s3: EmbeddedS3, s3_url: str,
                                                         tmp_path: Path) -> None:
     """`ckptfs prune` where every delete is AccessDenied: the run is reported failed with code
@@ -277,14 +264,12 @@ def test_cli_prune_on_s3_denied_deletes_is_not_writable(s3: EmbeddedS3, s3_url: 
             step = run.steps[f"s{i}"]
             step.status, step.result = StepStatus.COMPLETED, f"done {i}"
             store.commit(run, [step])
-    assert s3.bucket is not None
-    age_bucket(s3.bucket, 86400)
     before = open_storage(s3_url, s3.storage_options).list("runs/")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(FAKE_CREDENTIALS, AWS_DEFAULT_REGION=s3.region)
     with FaultProxy(s3.endpoint, deny("DELETE", "POST")) as proxy:
         proc = cli("prune", s3_url, "-o", f"client_kwargs.endpoint_url={proxy.endpoint}",
-                   "--keep-last", "1", "--json", cwd=tmp_path, env=env)
+                   "--keep-last", "1", "--superseded-grace", "0", "--json", cwd=tmp_path, env=env)
         assert proxy.counts["error"] >= 1, proxy.counts  # the deletes were really sent, and refused
     assert proc.returncode == 2, (proc.returncode, proc.stdout[-1000:], proc.stderr[-1000:])
     doc = json.loads(proc.stdout)

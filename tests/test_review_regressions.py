@@ -23,7 +23,9 @@ from ckptfs.format import codec
 from ckptfs.storage.registry import open_storage
 
 ROOT = str(Path(__file__).resolve().parent.parent)
-PRUNING = CompactionPolicy(fanout=4, max_plan=4, min_snapshot_bytes=1, keep_last=1, background=False)
+# superseded_grace=0: the versions a stale writer must not recreate are gone at once
+PRUNING = CompactionPolicy(fanout=4, max_plan=4, min_snapshot_bytes=1, keep_last=1,
+                           superseded_grace=0.0, background=False)
 
 
 # local: records go at once and every commit checks its base with two stats. s3: a pruned

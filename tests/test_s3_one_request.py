@@ -102,8 +102,9 @@ def test_fenced_store_verifies_mirrors_restores_and_resumes(s3: EmbeddedS3, s3_u
     """The fences are journal records below the oldest kept snapshot: the real `ckptfs`
     verifies such a store clean, mirrors it (a mirror that verifies clean too), and a restore
     of the mirror resumes where the run stopped. `prune` leaves young fences alone."""
+    # no superseded grace, here and for prune: what stays below the kept snapshot is fences only
     policy = CompactionPolicy(fanout=2, max_plan=3, min_snapshot_bytes=1, keep_last=1,
-                              background=False)
+                              superseded_grace=0.0, background=False)
     store = CheckpointStore(s3_url, s3.storage_options, policy=policy)
     run = _run(30)
     store.save_run(run)
@@ -134,7 +135,7 @@ def test_fenced_store_verifies_mirrors_restores_and_resumes(s3: EmbeddedS3, s3_u
     assert got.returncode == 0, got.stdout + got.stderr
     got = ckptfs("verify", mirror, "--json")
     assert got.returncode == 0 and json.loads(got.stdout)["ok"], got.stdout + got.stderr
-    got = ckptfs("prune", s3_url, "-o", ep, "--keep-last", "1")
+    got = ckptfs("prune", s3_url, "-o", ep, "--keep-last", "1", "--superseded-grace", "0")
     assert got.returncode == 0, got.stdout + got.stderr
     assert store.storage.exists("runs/one/log/000000000002.ckpt")  # young: kept as a fence
     restored = str(tmp_path / "restored")
@@ -178,7 +179,7 @@ def test_a_writer_whose_machine_slept_checks_its_base(s3: EmbeddedS3, s3_url: st
     before a suspend must not take its head for freshly confirmed when it wakes. Writer B moves
     the run on and prunes past the fences meanwhile; A's commit is refused, nothing of it stays."""
     policy = CompactionPolicy(min_snapshot_bytes=1, keep_last=1, fence_seconds=0.5,
-                              background=False)
+                              superseded_grace=0.0, background=False)
     a = CheckpointStore(s3_url, s3.storage_options, policy=policy)
     run_a = AgentRun(run_id="one", goal="g", steps={"a": Step(id="a", title="a"),
                                                     "b": Step(id="b", title="b")})
@@ -208,7 +209,7 @@ def test_fences_expire_while_snapshots_come_faster_than_the_fence(s3: EmbeddedS3
     """Snapshots every commit, each pruned by the next: the journal records they covered still
     go once fence_seconds have passed since those snapshots were written."""
     policy = CompactionPolicy(min_snapshot_bytes=1, keep_last=1, fence_seconds=0.3,
-                              background=False)
+                              superseded_grace=0.0, background=False)
     store = CheckpointStore(s3_url, s3.storage_options, policy=policy)
     run = _run(1)
     store.save_run(run)

@@ -129,7 +129,7 @@ def test_second_writer_gets_conflict_and_nothing_is_overwritten(any_store_url: B
 
 def test_retention_keeps_last_n_snapshots_and_what_they_need(tmp_path: Any) -> None:
     policy = CompactionPolicy(fanout=4, max_plan=4, min_snapshot_bytes=10**9, keep_last=2,
-                              background=False)
+                              superseded_grace=0.0, background=False)
     store = CheckpointStore(str(tmp_path), policy=policy)
     run = make_run(60)
     store.save_run(run)
@@ -310,7 +310,7 @@ def test_retention_runs_for_writers_too_short_lived_to_write_keep_last_snapshots
     earlier processes left count towards keep_last (once they check), so retention still runs.
     Before, a run's files grew without bound (16,157 journal records after 40 restarts)."""
     policy = CompactionPolicy(fanout=4, max_plan=4, min_snapshot_bytes=10**9, keep_last=3,
-                              background=False)
+                              superseded_grace=0.0, background=False)
 
     def snaps() -> list[int]:
         files = [parse_run_key(k) for k in CheckpointStore(str(tmp_path)).storage.list("runs/run-1")]

@@ -160,6 +160,21 @@ def bad_value(flag: str, text: str, exc: Exception) -> CliError:
     return CliError(f"{flag}: {message}")
 
 
+def grace_seconds(flag: str, text: str) -> float:
+    """A grace period option's seconds (`--artifact-grace`, `--superseded-grace`): a duration
+    (parse_duration: 90, 30s, 24h), zero allowed, at most 100 years; anything else, "" too, is a
+    usage error naming `flag`. "" is refused because `--artifact-grace "$GRACE"` with GRACE
+    unset silently meant the default; the bound because a 5,000-digit grace was infinity, and
+    --json wrote `Infinity`, which is no JSON. One parser, so every grace option says the same
+    about the same mistake (a negative, NaN or inf is "not a duration")."""
+    from ckptfs.format.units import MAX_SCHEDULE_SECONDS, parse_duration
+
+    try:
+        return parse_duration(text, allow_zero=True, limit=MAX_SCHEDULE_SECONDS)
+    except ValueError as exc:
+        raise bad_value(flag, text, exc) from None
+
+
 def whole_number(minimum: int, maximum: int, *, why_min: str = "", why_max: str = "") -> Callable[[str], int]:
     """An argparse type: an ASCII whole number in [minimum, maximum], refused with the value shown
     cut short (`quoted`). Every integer option uses it, so each says the same about the same

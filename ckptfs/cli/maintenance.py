@@ -22,6 +22,7 @@ from ckptfs.cli._common import (
     bad_value,
     emit_json,
     err,
+    grace_seconds,
     out,
     quoted,
     run_not_found,
@@ -63,6 +64,10 @@ def register(sub: Any) -> None:
     p.add_argument("--dry-run", action="store_true", help="say what would be removed; remove nothing")
     p.add_argument("--artifact-grace", default="24h", metavar="DURATION",
                    help="keep unreferenced artifacts younger than this (default 24h; s/m/h/d/w)")
+    p.add_argument("--superseded-grace", default=None, metavar="SECONDS",
+                   help="keep a snapshot superseded less than this long ago, with what a load from "
+                        "it reads, for readers that listed it (default 60s, what a writer keeps; "
+                        "0 removes them at once: for a store no reader is using)")
     add_json_arg(p)
     p.set_defaults(handler=cmd_prune)
 
@@ -152,18 +157,16 @@ def _render_report(report: Report) -> None:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     from ckptfs.cli._render import Col, print_table
-    from ckptfs.format.units import MAX_SCHEDULE_SECONDS
-    from ckptfs.maintenance.prune import parse_duration, prune
+    from ckptfs.maintenance.prune import prune
+    from ckptfs.store.compactor import DEFAULT_SUPERSEDED_GRACE
 
-    try:  # "" too: `--artifact-grace "$GRACE"` with GRACE unset silently meant 24h
-        # bounded: a 5,000-digit grace was infinity, and --json wrote `Infinity`, which is no JSON
-        grace = parse_duration(args.artifact_grace, allow_zero=True, limit=MAX_SCHEDULE_SECONDS)
-    except ValueError as exc:
-        raise bad_value("--artifact-grace", args.artifact_grace, exc) from None
+    grace = grace_seconds("--artifact-grace", args.artifact_grace)
+    superseded = (DEFAULT_SUPERSEDED_GRACE if args.superseded_grace is None
+                  else grace_seconds("--superseded-grace", args.superseded_grace))
     target = store_target(args)
     open_existing(target).close()  # nothing stored there: exit 2, not an empty table
     report = prune(target.url, args.keep_last, args.run_id, dry_run=args.dry_run, artifact_grace=grace,
-                   storage_options=target.options)
+                   superseded_grace=superseded, storage_options=target.options)
     runs_failed = [f for f in report.failed if f.run_id is not None]
     if runs_failed and len(runs_failed) == len(report.runs) and not report.deleted \
             and runs_failed[0].code in ("not-writable", "unreachable"):
@@ -188,8 +191,9 @@ def cmd_prune(args: argparse.Namespace) -> int:
         if r.run_id in failed:
             what = (what + "; " if what else "") + "a delete failed, the rest stays (see below)"
         kept = r.kept_snapshots
+        graced = f" (+{len(r.graced)} for the grace)" if r.graced else ""
         rows.append([r.run_id, "a folder is no directory: nothing removed (see below)" if r.unread
-                     else f"{len(kept)}: " + ", ".join(f"v{v}" for v in kept) if kept
+                     else f"{len(kept)}: " + ", ".join(f"v{v}" for v in kept) + graced if kept
                      else f"fewer than {args.keep_last} valid: nothing removed",
                      str(len(r.deleted)), what or "-"])
     title = f"prune {report.url} --keep-last {args.keep_last}" + (" (dry run)" if args.dry_run else "")
@@ -204,6 +208,10 @@ def cmd_prune(args: argparse.Namespace) -> int:
                   f"{report.artifact_gc}; {report.artifacts_referenced} artifact(s) referenced, "
                   f"{len(report.artifacts_young)} unreferenced but younger than the grace period"
                   + ("" if listing or not report.deleted else " (-v lists the files)"))
+    if report.graced:  # why a run holds more than --keep-last snapshots after this prune
+        console.print(f"{report.graced} superseded snapshot(s) kept for the "
+                      f"{report.superseded_grace:g} s grace (readers that listed them may still "
+                      "read them; a later prune removes them, --superseded-grace 0 at once)")
     for p in report.problems:
         warn(p)
     return EXIT_OK if report.ok else EXIT_PROBLEMS

@@ -32,6 +32,7 @@ from ckptfs.cli._common import (
     bad_value,
     emit_json,
     err,
+    grace_seconds,
     out,
     run_not_found,
     whole_number,
@@ -210,6 +211,7 @@ def _named_runs(source: Target, runs: list[str] | None) -> dict[str, set[str]] |
 
 def _cmd_mirror(args: argparse.Namespace) -> int:
     from ckptfs.format.units import MAX_SCHEDULE_SECONDS, parse_duration
+    from ckptfs.store.compactor import DEFAULT_SUPERSEDED_GRACE
 
     settings = load_cli_settings(args)
     m = settings.mirror
@@ -224,6 +226,12 @@ def _cmd_mirror(args: argparse.Namespace) -> int:
     refuse_process_memory(dst, Target(dst, dst_opts, dst_origin, settings).describe(), "mirror")
     every_n = args.every_n if args.every_n is not None else m.every_n
     keep_last = args.keep_last if args.keep_last is not None else m.keep_last
+    superseded = DEFAULT_SUPERSEDED_GRACE
+    if args.superseded_grace is not None:
+        superseded = grace_seconds("--superseded-grace", args.superseded_grace)
+        if keep_last is None:  # no retention on the mirror: the grace would be silently moot
+            raise CliError("--superseded-grace needs --keep-last (or mirror.keep_last): it is a "
+                           "grace of the mirror's retention")
     latest = args.latest or m.latest
     workers = args.workers or m.workers
     attempts = args.attempts or m.attempts
@@ -249,17 +257,18 @@ def _cmd_mirror(args: argparse.Namespace) -> int:
         with _bars(not args.no_progress) as bars:
             report = mirror(src, dst, every_n=every_n, run_id=runs, src_options=src_opts,
                             dst_options=dst_opts, latest=latest, keep_last=keep_last,
-                            workers=workers, attempts=attempts, progress=bars, listings=listings)
+                            workers=workers, attempts=attempts, progress=bars, listings=listings,
+                            superseded_grace=superseded)
         return _finish(report, args.json)
     # a scheduled pass lists afresh: the check's listing is stale by its first tick
     return _scheduled(args, src, dst, src_opts, dst_opts, every_n, keep_last, latest, workers,
-                      attempts, interval, cron, m.misfire_grace_time, runs)
+                      attempts, interval, cron, m.misfire_grace_time, runs, superseded)
 
 
 def _scheduled(args: argparse.Namespace, src: str, dst: str, src_opts: dict[str, Any],
                dst_opts: dict[str, Any], every_n: int, keep_last: int | None, latest: bool,
                workers: int, attempts: int, interval: float | None, cron: str | None,
-               grace: int, runs: list[str] | None) -> int:
+               grace: int, runs: list[str] | None, superseded: float) -> int:
     from ckptfs.replication.job import MirrorJob
 
     stop = threading.Event()
@@ -285,7 +294,8 @@ def _scheduled(args: argparse.Namespace, src: str, dst: str, src_opts: dict[str,
     job = MirrorJob(src, dst, every_n=every_n, interval=interval, cron=cron, keep_last=keep_last,
                     latest=latest, src_options=src_opts, dst_options=dst_opts,
                     misfire_grace_time=grace, workers=workers, attempts=attempts,
-                    on_report=on_report, run_ids=runs, on_error=on_error)
+                    on_report=on_report, run_ids=runs, on_error=on_error,
+                    superseded_grace=superseded)
     old = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     job.start()
     when = f"every {interval:g}s" if interval is not None else f"on cron {cron!r}"
@@ -442,6 +452,9 @@ def register(sub: Any) -> None:
     p.add_argument("--latest", action="store_true", help="always mirror the newest version")
     p.add_argument("--keep-last", type=_versions, default=None,
                    help="retention on the mirror: keep the newest N snapshots per run")
+    p.add_argument("--superseded-grace", default=None, metavar="SECONDS",
+                   help="with --keep-last: keep a snapshot superseded less than this long ago on "
+                        "the mirror, for its readers (default 60s; 0 removes them at once)")
     p.add_argument("--run", action="append", default=None, metavar="ID",
                    help="only this run (repeatable); one SRC does not hold is refused (exit 2)")
     when = p.add_mutually_exclusive_group()

@@ -20,11 +20,18 @@ stops that run's retention only: prune is a nightly job, and one run it cannot t
 keep every other run growing. The run is reported with the reason and what went before the
 failure; deletion order (snapshots, then deltas, then journal records) leaves the newest valid
 snapshot and everything a load from it reads, so the run loads as before.
+
+A snapshot superseded less than `superseded_grace` ago stays, with what a load from it reads
+(store/retention.py): prune runs beside live writers and readers, and a reader that listed the
+run a moment before must still find its files. 0 removes them at once, for a store nobody
+reads; the report says how many stayed for the grace, so a prune that left more than
+--keep-last is explained.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -54,7 +61,7 @@ from ckptfs.format.units import parse_duration as parse_duration
 from ckptfs.storage.base import Storage
 from ckptfs.storage.registry import list_keys, open_target
 from ckptfs.store.checkpoint_store import CheckpointStore
-from ckptfs.store.compactor import CompactionPolicy
+from ckptfs.store.compactor import DEFAULT_SUPERSEDED_GRACE, CompactionPolicy
 from ckptfs.store.retention import RetentionResult
 
 logger = logging.getLogger(__name__)
@@ -90,6 +97,7 @@ class PruneReport:
     keep_last: int
     dry_run: bool
     artifact_grace: float
+    superseded_grace: float = DEFAULT_SUPERSEDED_GRACE
     runs: list[RetentionResult] = field(default_factory=list)
     artifacts_deleted: list[str] = field(default_factory=list)
     artifacts_young: list[str] = field(default_factory=list)
@@ -103,13 +111,19 @@ class PruneReport:
         return [k for r in self.runs for k in r.deleted] + self.artifacts_deleted
 
     @property
+    def graced(self) -> int:
+        """Superseded snapshots kept only for the grace, over every run."""
+        return sum(len(r.graced) for r in self.runs)
+
+    @property
     def ok(self) -> bool:
         return not self.problems
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "url": self.url, "keep_last": self.keep_last, "dry_run": self.dry_run,
-            "artifact_grace_seconds": self.artifact_grace, "ok": self.ok,
+            "artifact_grace_seconds": self.artifact_grace,
+            "superseded_grace_seconds": self.superseded_grace, "ok": self.ok,
             "runs": [asdict(r) for r in self.runs],
             "artifacts": {"deleted": self.artifacts_deleted, "young_unreferenced": self.artifacts_young,
                           "referenced": self.artifacts_referenced, "gc": self.artifact_gc},
@@ -126,22 +140,26 @@ def prune(
     *,
     dry_run: bool = False,
     artifact_grace: float = DEFAULT_ARTIFACT_GRACE,
+    superseded_grace: float = DEFAULT_SUPERSEDED_GRACE,
     storage_options: Mapping[str, Any] | None = None,
     now: float | None = None,
 ) -> PruneReport:
     """Apply retention (keep the newest `keep_last` valid snapshots per run), then collect artifacts.
 
     With `run_id`, only that run's retention runs and artifacts are left alone (collection
-    needs every run's references). An empty policy (keep_last < 1) is a ConfigError.
+    needs every run's references). An empty policy (keep_last < 1) is a ConfigError. A snapshot
+    superseded less than `superseded_grace` seconds ago stays (module docstring).
     """
     if not isinstance(keep_last, int) or keep_last < 1:
         raise ConfigError("refusing an empty retention policy: keep_last must be >= 1")
     if artifact_grace < 0:
         raise ConfigError("artifact grace period must not be negative")
+    if not (math.isfinite(superseded_grace) and superseded_grace >= 0):
+        raise ConfigError("superseded grace must be finite and >= 0")
     if run_id is not None:
         validate_id(run_id, "run id")
     storage = open_target(url, storage_options)
-    report = PruneReport(storage.display_url, keep_last, dry_run, artifact_grace)
+    report = PruneReport(storage.display_url, keep_last, dry_run, artifact_grace, superseded_grace)
     # One listing, read the way every command reads it: a bad URL is an error, not "nothing to
     # do"; an entry that is not ours (runs/.snapshot, an over-long name) is reported and skipped.
     keys = list_keys(storage, f"{RUNS}/" if run_id is None else f"{RUNS}/{run_id}/")
@@ -149,7 +167,8 @@ def prune(
     if run_id is None:
         _ids, odd = run_dirs(storage.list_dirs(RUNS))
         report.problems += [f"skipped {key}: {why}" for key, why in odd]
-    store = CheckpointStore(storage=storage, policy=CompactionPolicy(keep_last=keep_last, background=False))
+    store = CheckpointStore(storage=storage, policy=CompactionPolicy(
+        keep_last=keep_last, background=False, superseded_grace=superseded_grace))
     run_ids = sorted(listing.runs)
     # A run none of whose files is listed, only folders that are no directory: not pruned
     # (it has nothing to prune that can be seen), and said, since what they hold is unknown.

@@ -15,6 +15,7 @@ from ckptfs.format.units import MAX_SCHEDULE_SECONDS
 from ckptfs.replication.copy import DEFAULT_ATTEMPTS, DEFAULT_WORKERS, StorageLike
 from ckptfs.replication.mirror import Mirror
 from ckptfs.replication.report import MirrorReport, NoProgress
+from ckptfs.store.compactor import DEFAULT_SUPERSEDED_GRACE
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,8 @@ class MirrorJob:
 
     `on_report` gets each pass's report; `on_error` each exception a pass raised instead (an end
     that stopped answering mid-job): the next tick tries again, and `last_error` is set until
-    a pass completes.
+    a pass completes. `keep_last` and `superseded_grace` are retention on the mirror, as for
+    `mirror`.
 
     The agent calls `notify(run_id, version)` (or the callable from `step_trigger(n)`) after
     each commit: it returns at once, and when the run crossed a multiple of N it schedules a
@@ -77,7 +79,8 @@ class MirrorJob:
                  workers: int = DEFAULT_WORKERS, attempts: int = DEFAULT_ATTEMPTS,
                  base_delay: float = 0.2, on_report: Callable[[MirrorReport], None] | None = None,
                  timezone: str = "UTC", run_ids: str | Iterable[str] | None = None,
-                 on_error: Callable[[Exception], None] | None = None) -> None:
+                 on_error: Callable[[Exception], None] | None = None,
+                 superseded_grace: float = DEFAULT_SUPERSEDED_GRACE) -> None:
         if every_n < 1:
             raise ConfigError(f"every_n must be >= 1, got {every_n}")
         if interval is not None and cron is not None:
@@ -111,7 +114,8 @@ class MirrorJob:
             self._trigger = IntervalTrigger(seconds=self.interval, timezone=timezone)
         self._timezone = timezone
         self._m = Mirror(src_url, dst_url, src_options=src_options, dst_options=dst_options,
-                          workers=workers, attempts=attempts, base_delay=base_delay)
+                          workers=workers, attempts=attempts, base_delay=base_delay,
+                          superseded_grace=superseded_grace)
         self._pass_lock = threading.Lock()
         self._state = threading.Lock()
         self._tick_pending = False

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -85,7 +86,7 @@ from ckptfs.storage.base import TEMP_MARKER, Storage
 from ckptfs.storage.registry import list_keys
 from ckptfs.store.artifacts import TOUCH_AFTER
 from ckptfs.store.checkpoint_store import CheckpointStore
-from ckptfs.store.compactor import CompactionPolicy
+from ckptfs.store.compactor import DEFAULT_SUPERSEDED_GRACE, CompactionPolicy
 from ckptfs.store.loader import gc_paused, unread_folders
 
 logger = logging.getLogger(__name__)
@@ -97,9 +98,14 @@ class Mirror:
 
     def __init__(self, src: StorageLike, dst: StorageLike, *, src_options: Mapping[str, Any] | None,
                  dst_options: Mapping[str, Any] | None, workers: int, attempts: int,
-                 base_delay: float) -> None:
+                 base_delay: float, superseded_grace: float = DEFAULT_SUPERSEDED_GRACE) -> None:
         if workers < 1:
             raise ConfigError("workers must be >= 1")
+        if not (math.isfinite(superseded_grace) and superseded_grace >= 0):
+            raise ConfigError("superseded_grace must be finite and >= 0")
+        # what mirror-side retention (keep_last) gives a superseded snapshot: a restore or a
+        # reader of the mirror that listed a run just before a pass still finds its files
+        self.superseded_grace = superseded_grace
         self.src = as_storage(src, src_options, attempts, base_delay)
         self.dst = as_storage(dst, dst_options, attempts, base_delay)
         # the storages opened here from URLs, closed with the mirror (a caller's are its own)
@@ -406,7 +412,8 @@ class Mirror:
         return False
 
     def _retention(self, run_id: str, keep_last: int) -> int:
-        store = CheckpointStore(storage=self.dst, policy=CompactionPolicy(background=False, keep_last=0))
+        store = CheckpointStore(storage=self.dst, policy=CompactionPolicy(
+            background=False, keep_last=0, superseded_grace=self.superseded_grace))
         result = store.apply_retention(run_id, keep_last)
         return len(result.deleted)
 
@@ -417,13 +424,15 @@ def mirror(src_url: StorageLike, dst_url: StorageLike, every_n: int = 1,
            latest: bool = False, keep_last: int | None = None, *, workers: int = DEFAULT_WORKERS,
            attempts: int = DEFAULT_ATTEMPTS, base_delay: float = 0.2,
            progress: Progress | None = None,
-           listings: Mapping[str, Iterable[str]] | None = None) -> MirrorReport:
+           listings: Mapping[str, Iterable[str]] | None = None,
+           superseded_grace: float = DEFAULT_SUPERSEDED_GRACE) -> MirrorReport:
     """Copy each run's newest restore point from `src_url` to `dst_url` when it is due.
 
     A run is due once it advanced `every_n` versions past the mirror's newest point, or at
     all with `latest=True`. Artifacts, then records, then the snapshot; uploads in parallel
     (`workers`), each retried on throttling/5xx (`attempts`) and verified. `keep_last`
-    applies retention on the destination (newest N snapshots and what they need). Raises
+    applies retention on the destination (newest N snapshots and what they need; a snapshot
+    superseded less than `superseded_grace` seconds ago there stays, as a writer's does). Raises
     StorageUnavailableError if either end cannot be reached at the start; failures later
     leave the run `incomplete` in the report (nothing torn is visible), and a rerun resumes.
 
@@ -436,7 +445,8 @@ def mirror(src_url: StorageLike, dst_url: StorageLike, every_n: int = 1,
     if keep_last is not None and keep_last < 1:
         raise ConfigError(f"keep_last must be >= 1, got {keep_last}")
     m = Mirror(src_url, dst_url, src_options=src_options, dst_options=dst_options,
-                workers=workers, attempts=attempts, base_delay=base_delay)
+                workers=workers, attempts=attempts, base_delay=base_delay,
+                superseded_grace=superseded_grace)
     try:
         m.check()
         with gc_paused():  # decoded bodies stay alive for the pass: collections would only churn

@@ -1043,8 +1043,9 @@ class CheckpointStore:
 
         Never deletes anything when no snapshot validates; never deletes the newest valid
         snapshot; deletes snapshots first, then deltas, then journal records (the reverse of
-        the write order), so a crash midway leaves every kept snapshot loadable.
+        the write order), so a crash midway leaves every kept snapshot loadable. A snapshot
+        superseded less than `policy.superseded_grace` ago stays too, for readers that listed it.
         """
         keep = self.policy.keep_last if keep_last is None else keep_last
         return apply_retention(self._loader, run_id, keep, dry_run, check,
-                               self.policy.fence_seconds)
+                               self.policy.fence_seconds, self.policy.superseded_grace)

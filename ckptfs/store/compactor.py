@@ -12,9 +12,10 @@ wrote (and the one the run was loaded from) are the valid ones, the deltas it wr
 journal range are the files; only the first pass of a process lists the run once for what
 earlier processes left, and counts their snapshots (each checked) towards `keep_last`, so a
 process too short-lived to write that many of its own still retires what is below them.
-Deletes go in batches (store/retention.py decides what, and how long a remote store keeps
-journal records as fences). Compaction is an optimisation: a failure is logged, commits go
-on, and loads fall back to the finer records.
+Deletes go in batches (store/retention.py decides what, how long a remote store keeps journal
+records as fences, and how long a superseded snapshot stays for readers that listed it).
+Compaction is an optimisation: a failure is logged, commits go on, and loads fall back to the
+finer records.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import math
 import threading
 import time
 import weakref
@@ -34,9 +36,13 @@ from ckptfs.format import codec
 from ckptfs.format.changes import Changes
 from ckptfs.format.keys import RunFile, delta_key, log_key, parse_run_key, run_prefix, snap_key
 from ckptfs.storage.base import Storage
-from ckptfs.store.retention import doomed_files, keeps_fences
+from ckptfs.store.retention import doomed_files, grace_floor, keeps_fences
 
 logger = logging.getLogger(__name__)
+
+# CompactionPolicy.superseded_grace's default, named for the callers that take a grace of their
+# own (`ckptfs prune`, mirror-side retention) and default to what a writer keeps.
+DEFAULT_SUPERSEDED_GRACE = 60.0
 
 # encode(kind, run_id, version, base, base_hash, hash, changes, summary) -> file bytes
 Encode = Callable[[codec.RecordKind, str, int, int, str, str, Changes, dict[str, Any]], bytes]
@@ -56,6 +62,11 @@ class CompactionPolicy:
     keep_last: full snapshots kept per run by automatic retention (0 disables it).
     fence_seconds: how long a remote store keeps pruned journal records as fences, and twice
         how long a writer may go without confirming its base (store/retention.py).
+    superseded_grace: seconds a snapshot outlives the next one, with the records a load from
+        it reads (store/retention.py), so a reader that listed the run before that next
+        snapshot was written still finds every file it listed. The default covers a load of a
+        large run from S3 on a busy machine many times over; what it costs is the superseded
+        records of the last minute. 0 retires a superseded snapshot at once.
     background: False runs compaction inline in the committing thread (tests, debugging).
     """
 
@@ -65,6 +76,7 @@ class CompactionPolicy:
     min_snapshot_bytes: int = 256 * 1024
     keep_last: int = 3
     fence_seconds: float = 600.0
+    superseded_grace: float = DEFAULT_SUPERSEDED_GRACE
     background: bool = True
 
     def __post_init__(self) -> None:
@@ -72,7 +84,8 @@ class CompactionPolicy:
             raise ValueError("CompactionPolicy: fanout and max_plan must be >= 2, keep_last >= 0")
         if not self.snapshot_ratio > 0 or not self.fence_seconds >= 0:
             raise ValueError("CompactionPolicy: snapshot_ratio must be > 0, fence_seconds >= 0")
-
+        if not (math.isfinite(self.superseded_grace) and self.superseded_grace >= 0):
+            raise ValueError("CompactionPolicy: superseded_grace must be finite and >= 0")
 
 
 @dataclass
@@ -123,6 +136,10 @@ class RunCompaction:
     # own deletion until the journal records it covers are gone: those go fence_seconds after.
     covers: list[tuple[int, float]] = field(default_factory=list)
     files: list[RunFile] = field(default_factory=list)
+    # When listed snapshots were written, by the store's times read in the pass that listed the
+    # run (on this monotonic clock): what the superseded grace counts from for snapshots this
+    # process did not write; an adopted one's time in `snapshots` is only when it was adopted.
+    written: dict[int, float] = field(default_factory=dict)
     logs_gone: int = 0
     listed: bool = False
     summary: dict[str, Any] = field(default_factory=dict)  # the newest merged record's (Entry.summary)
@@ -367,6 +384,7 @@ class Compactor:
         if len(rc.snapshots) < keep and rc.listed:
             return
         lowest: int | None = None
+        listed_snaps: set[int] = set()
         if not rc.listed:  # once per process: what earlier processes left below
             rc.listed = True
             listed = [rf for key in self._storage.list(run_prefix(run_id))
@@ -375,9 +393,10 @@ class Compactor:
             known = {f.key for f in rc.files} | {snap_key(run_id, v) for v, _t in rc.snapshots}
             rc.files += [rf for rf in listed if rf.kind != "log" and rf.key not in known]
             lowest = min((rf.version for rf in listed if rf.kind == "log"), default=-1)
+            listed_snaps = {rf.version for rf in listed if rf.kind == "snap"}
         if len(rc.snapshots) < keep:
             return
-        oldest = rc.snapshots[-keep][0]
+        oldest = self._grace_floor(run_id, rc, rc.snapshots[-keep][0], listed_snaps)
         if lowest is not None:
             rc.logs_gone = max(rc.logs_gone, oldest) if lowest < 0 else lowest - 1
         logs_upto = oldest
@@ -395,9 +414,36 @@ class Compactor:
         gone = {f.key for f in doomed}
         rc.files = [f for f in rc.files if f.key not in gone]
         rc.snapshots = [(v, t) for v, t in rc.snapshots if v >= oldest]
+        rc.written = {v: t for v, t in rc.written.items() if v >= oldest}
         rc.logs_gone = max(rc.logs_gone, logs_upto)
         rc.covers = [(v, t) for v, t in rc.covers if v > rc.logs_gone]
         logger.debug("run %s: retention removed %d files (oldest kept snapshot v%d)", run_id,
                      len(doomed) + len(logs), oldest)
 
+    def _grace_floor(self, run_id: str, rc: RunCompaction, oldest: int, listed: set[int]) -> int:
+        """The oldest snapshot retention keeps: `oldest`, or lower while the snapshot above is
+        younger than the superseded grace (store/retention.py). Times come from this process
+        (a snapshot it wrote, or a load's) or, for one it listed, from the store, read in the
+        pass that listed the run only: a later pass never walks below where that one stopped,
+        since snapshots are written in version order, so it needs no request."""
+        grace = self._policy.superseded_grace
+        if not grace:
+            return oldest
+        known = dict(rc.snapshots)
 
+        def written(version: int) -> float | None:
+            if version in rc.written:
+                return rc.written[version]
+            if version in listed:
+                try:
+                    age = time.time() - self._storage.modified(snap_key(run_id, version))
+                except FileNotFoundError:  # removed meanwhile: nothing below is kept for it
+                    return None
+                except (NotImplementedError, OSError):  # a store without times: when known
+                    return known.get(version)
+                rc.written[version] = time.monotonic() - max(0.0, age)
+                return rc.written[version]
+            return known.get(version)
+
+        snaps = {*known, *(f.version for f in rc.files if f.kind == "snap")}
+        return grace_floor(snaps, oldest, written, grace, time.monotonic())

@@ -14,12 +14,22 @@ clock, whichever says longer, because the first stops in a suspend) needs no sec
 know its base was not pruned under it; one idle for longer, or whose PUT itself took that long,
 checks its base too (store/checkpoint_store.py). Local disk checks its base with two stats
 instead, so its records go at once.
+
+A superseded snapshot gets a grace too (`grace_floor`). A reader lists the run, then reads the
+newest snapshot it saw and the records after it; a writer with keep_last=1 and a snapshot
+every few commits retired exactly those files in between, and a reader looping `load_run` on a
+starved machine ran out of its 25 reloads about once in 100 loads (FileNotFoundError). So a
+snapshot stays, with the deltas and journal records after it, until the next one is
+`superseded_grace` seconds old: a load that reads its files within that time of listing them
+finds every one. Older snapshots go at the retention after that (the writer's next snapshot,
+or the next prune), so files still stay bounded by what was written within the grace. On a
+fencing store the two rules compose: journal records go up to the lower of the two floors.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ckptfs.errors import ConfigError, CorruptFileError
@@ -39,6 +49,9 @@ class RetentionResult:
     # followed, or a file; `loader.unread_folders`). What they hold is unknown, so nothing of
     # the run is deleted: the newest valid snapshot may be there, or the records after it.
     unread: list[str] = field(default_factory=list)
+    # Snapshots below the newest `keep` kept only for the superseded grace (`grace_floor`): why
+    # a prune left more than it was told to keep; the retention after the grace removes them.
+    graced: list[int] = field(default_factory=list)
 
 
 def keeps_fences(storage: Storage) -> bool:
@@ -55,6 +68,25 @@ def doomed_files(files: Iterable[RunFile], oldest: int, logs_upto: int) -> list[
     return (sorted((f for f in files if f.kind == "snap" and f.version < oldest), reverse=True)
             + sorted(f for f in files if f.kind == "delta" and f.base < oldest)
             + sorted(f for f in files if f.kind == "log" and f.version <= logs_upto))
+
+
+def grace_floor(snapshots: Iterable[int], oldest: int, written: Callable[[int], float | None],
+                grace: float, now: float) -> int:
+    """The oldest snapshot to keep once `oldest` is the oldest one retention counts: going down
+    from it, each next older snapshot stays while the one above it was written less than
+    `grace` ago (module docstring). `written(v)` is snapshot v's time on the clock of `now`,
+    None where unknown or gone (as good as old: nothing below it is kept for it). Snapshots are
+    written in version order, so the first one old enough ends the walk: every one below was
+    superseded earlier still; a walk costs one `written` per graced snapshot, plus one."""
+    floor = oldest
+    if grace <= 0:
+        return floor
+    for version in sorted({v for v in snapshots if v < oldest}, reverse=True):
+        t = written(floor)
+        if t is None or now - t >= grace:
+            break
+        floor = version
+    return floor
 
 
 def fence_floor(storage: Storage, run_id: str, logs: Iterable[int], oldest: int,
@@ -80,13 +112,16 @@ def fence_floor(storage: Storage, run_id: str, logs: Iterable[int], oldest: int,
 
 
 def apply_retention(loader: RunLoader, run_id: str, keep: int, dry_run: bool = False,
-                    check: str = "full", fence_seconds: float = 0.0) -> RetentionResult:
+                    check: str = "full", fence_seconds: float = 0.0,
+                    superseded_grace: float = 0.0) -> RetentionResult:
     """Keep the newest `keep` valid snapshots of `run_id` and what they need (the listing way:
     `ckptfs prune` and the seed API; a writer's compactor prunes from what it knows).
 
     check="full" decodes each kept snapshot with the reader; "digest" only re-hashes the file
-    against its trailer. On a fencing store, journal records stay `fence_seconds` (module
-    docstring). A run one of whose folders is no directory is left whole (`unread`).
+    against its trailer. On a fencing store, journal records stay `fence_seconds`; a snapshot
+    superseded less than `superseded_grace` ago stays with what a load from it reads, by the
+    store's times of the snapshots above it (module docstring; a few HEADs on S3). A run one
+    of whose folders is no directory is left whole (`unread`).
     """
     if keep < 1:
         raise ConfigError("retention must keep at least one snapshot (keep_last >= 1)")
@@ -110,6 +145,17 @@ def apply_retention(loader: RunLoader, run_id: str, keep: int, dry_run: bool = F
     if len(valid) < keep:
         return RetentionResult(run_id, valid, [], dry_run)
     oldest = valid[-1]
+    if superseded_grace > 0:
+        keys = {rf.version: rf.key for rf in snaps}
+
+        def written(version: int) -> float | None:
+            try:
+                return loader.storage.modified(keys[version])
+            except (FileNotFoundError, NotImplementedError):  # gone, or a store without times
+                return None
+
+        oldest = grace_floor(keys, oldest, written, superseded_grace, time.time())
+    graced = [rf.version for rf in snaps if oldest <= rf.version < valid[-1]]  # newest first
     logs_upto = oldest
     if fence_seconds > 0 and keeps_fences(loader.storage):
         logs_upto = fence_floor(loader.storage, run_id,
@@ -117,4 +163,4 @@ def apply_retention(loader: RunLoader, run_id: str, keep: int, dry_run: bool = F
     doomed = doomed_files(files, oldest, logs_upto)
     if not dry_run:
         loader.storage.delete_many([f.key for f in doomed])
-    return RetentionResult(run_id, valid, [f.key for f in doomed], dry_run)
+    return RetentionResult(run_id, valid, [f.key for f in doomed], dry_run, graced=graced)
