@@ -82,7 +82,7 @@ def test_a_hashed_subgraph_namespace_is_shown_as_the_saver_lists_it(tmp_path: Pa
 
 
 _GRAPH = r"""
-import json, operator, sys, time
+import json, operator, sys, threading, time
 from typing import Annotated, TypedDict
 from langgraph.graph import START, END, StateGraph
 from langgraph.types import Command, interrupt
@@ -93,6 +93,14 @@ class S(TypedDict):
     answer: str
 
 url, mode, marker = sys.argv[1], sys.argv[2], sys.argv[3]
+_out = threading.Lock()
+
+def say(line):
+    # b and c run in parallel threads: print() writes the text and the newline apart, and
+    # two of them interleaved ("in-cb-written")
+    with _out:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 def ran(name):
     with open(marker, "a") as f:
@@ -105,7 +113,7 @@ def b(s):
 def c(s):
     ran("c")
     if mode == "hang":
-        print("in-c", flush=True); time.sleep(600)
+        say("in-c"); time.sleep(600)
     return {"log": ["c"]}
 def ask(s):
     ran("ask"); return {"answer": interrupt("question?"), "log": ["ask"]}
@@ -119,7 +127,7 @@ class Saver(CkptfsSaver):
     def put_writes(self, config, writes, task_id, task_path=""):
         super().put_writes(config, writes, task_id, task_path)
         if mode == "hang" and ("log", ["b"]) in [tuple(w) for w in writes]:
-            print("b-written", flush=True)  # acknowledged: the kill comes after this
+            say("b-written")  # acknowledged: the kill comes after this
 
 g = bld.compile(checkpointer=Saver(url, lease_ttl=1.0, busy_timeout=60))
 cfg = {"configurable": {"thread_id": "T/../1"}}
