@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ckptfs.errors import (
+    InvalidGraphError,
     RetriesExhaustedError,
     RunStoppedError,
     StorageUnavailableError,
@@ -278,7 +279,8 @@ class CheckpointedAgent:
         step keeps failing (policy "stop") and RunStoppedError when an irreversible call's
         outcome is unknown or the executor returns (or leaves in its step) a value the store
         cannot keep, all after committing the stop; a pause returns early. Steps the executor
-        adds to the run are run too; one it removes stops the run (no commit can remove it).
+        adds to the run are run too, committed with its step; one no commit could hold (an
+        unknown dependency, a cycle) or one it removes stops the run (no commit can remove it).
         """
         ex = self._begin(run, on_progress)
         try:
@@ -501,6 +503,7 @@ class CheckpointedAgent:
 
     def _after_success(self, ex: Execution, step: Step, out: Any, tokens0: int,
                        cost0: float) -> list[Step] | None:
+        self._reconcile(ex, removals=False)  # what it added goes into its step's commit
         left = self._left_unstorable(ex, step, tokens0, cost0)
         if left is not None:
             return left
@@ -511,6 +514,7 @@ class CheckpointedAgent:
         self._account(ex, step, tokens0, cost0)
         self._end_attempt(ex, step)
         ex.completed += 1
+        ex.unreleased.add(step.id)
         ex.dirty[step.id] = step
         ex.finished_since_commit += 1
         if ex.policy.due_after_step(step, ex.finished_since_commit):
@@ -527,6 +531,7 @@ class CheckpointedAgent:
         Under a policy that defers commits, the step is released at once, as it always was
         (its completion goes into the next record, with or before its dependants').
         """
+        ex.unreleased.discard(step.id)
         if step.status != StepStatus.COMPLETED or step.id in ex.running:
             return  # stopped on a refused output, or gave up before starting
         ex.complete(step.id)
@@ -536,6 +541,7 @@ class CheckpointedAgent:
 
     def _after_failure(self, ex: Execution, step: Step, exc: Exception, tokens0: int,
                        cost0: float) -> list[Step]:
+        self._reconcile(ex, removals=False)  # what it added goes into the failure's commit
         left = self._left_unstorable(ex, step, tokens0, cost0)
         if left is not None:  # whatever it raised, no commit could hold the step as it is now
             return left
@@ -628,22 +634,50 @@ class CheckpointedAgent:
         """
         why = ("was removed from run.steps while the run was executing; no commit removes a "
                "step, so the store keeps it as last saved (put it back, or let it run)")
-        self._record_stop(ex, sid, None, why, RunStoppedError(
-            ex.run.run_id, sid, ex.attempts.get(sid, 0),
-            LookupError(f"step {sid!r} is not in run.steps"), why))
+        error = RunStoppedError(ex.run.run_id, sid, ex.attempts.get(sid, 0),
+                                LookupError(f"step {sid!r} is not in run.steps"), why)
+        if ex.stop_error is None:
+            self._record_stop(ex, sid, None, why, error)
+        else:  # stopping already: this one is told, not raised
+            logger.error("%s", error)
 
-    def _reconcile(self, ex: Execution) -> bool:
-        """Once nothing is left to run: schedule steps added to the run meanwhile (committed
-        with the next checkpoint) and stop on a removed one; True if there is more to do."""
-        added, removed = ex.reconcile()
+    def _reconcile(self, ex: Execution, *, removals: bool = True) -> bool:
+        """Bring the schedule up to date with steps added to the run or removed from it (by an
+        executor, a progress callback); True if that gave the run more to do.
+
+        Called when an executor returns, before its step's plan is taken, so what it added is
+        committed with its step (and never after: a crash between its step's commit and theirs
+        lost them for good, the resume finding the step done), and once nothing is left to run.
+        An added step no commit could hold stops the run naming it (`_refused_added`); a
+        removed one stops it too (`_removed`), only once nothing is left to run (`removals`) or
+        when its turn comes: the steps it does not hold up run first, as they always did."""
+        added, removed, refused = ex.reconcile()
+        if not removals:
+            removed = []
         for s in added:
             ex.dirty[s.id] = s
         if added:
-            logger.info("run %s: %d step(s) added during execution, %d of them ready",
-                        ex.run.run_id, len(added), len(ex.ready))
+            logger.info("run %s: %d step(s) added during execution, %d ready", ex.run.run_id,
+                        len(added), len(ex.ready))
+        for step, why in refused:
+            self._refused_added(ex, step, why)
         if removed:
             self._removed(ex, removed[0])
-        return bool(ex.ready) or bool(removed)
+        return bool(ex.ready) or bool(removed) or bool(refused)
+
+    def _refused_added(self, ex: Execution, step: Step, why: str) -> None:
+        """Stop the run for a step added with a graph no commit could hold (`Execution.reconcile`
+        took it back out of `run.steps`). Committed, the store refused it with the whole batch,
+        and the crash flush's too: InvalidGraphError out of execute_run, the run left "running"
+        and, under every-n, the acknowledged steps not yet committed lost."""
+        text = f"was added to the run during execution but {why}, so no commit could hold it: " \
+               "it was taken out of run.steps again (add it with dependencies on steps of the run)"
+        error = RunStoppedError(ex.run.run_id, step.id, 0, InvalidGraphError(
+            f"run {ex.run.run_id!r}: added step {step.id!r} {why}"), text)
+        if ex.stop_error is None:
+            self._record_stop(ex, step.id, None, text, error)
+        else:  # stopping already: this one is told, not raised
+            logger.error("%s", error)
 
     def _fail(self, ex: Execution, step: Step, error: str) -> list[Step]:
         self._end_attempt(ex, step)

@@ -18,7 +18,7 @@ from typing import Any
 
 from ckptfs.errors import NonFiniteValueError, RunStoppedError, UnstorableValueError, error_text
 from ckptfs.format import codec
-from ckptfs.format.models import AgentRun, Step, StepStatus, ToolCall
+from ckptfs.format.models import AgentRun, Step, StepStatus, ToolCall, find_cycle
 from ckptfs.runtime.policy import CheckpointPolicy, RetryPolicy
 from ckptfs.runtime.resume import SKIP_REASON
 
@@ -82,6 +82,11 @@ class Execution:
     # The run's totals as the agent last counted them (the stored ones lag every finished
     # step a deferred policy has not committed yet).
     totals: tuple[int, float] = (0, 0.0)
+    # Steps COMPLETED whose dependants are not readied yet (`CheckpointedAgent._release`, after
+    # the commit the policy asks for): a step added meanwhile waits for that release too.
+    unreleased: set[str] = field(default_factory=set)
+    # Steps the schedule knows (`dependants`) that are no longer in the run (`reconcile`).
+    removed: list[str] = field(default_factory=list)
 
     @property
     def stopping(self) -> bool:
@@ -123,27 +128,55 @@ class Execution:
             if left == 0 and step is not None and step.status == StepStatus.PENDING:
                 self.ready.append(d)
 
-    def reconcile(self) -> tuple[list[Step], list[str]]:
-        """Steps added to the run since the schedule was built, now scheduled, and the ids of
-        steps removed from it; asked once nothing is left to run.
+    def reconcile(self) -> tuple[list[Step], list[str], list[tuple[Step, str]]]:
+        """Steps added to the run since the schedule was last brought up to date, now scheduled;
+        the ids of the steps removed from it (all of them, each time); and added steps no commit
+        could hold, with why (taken back out of the run, unscheduled). Asked each time an
+        executor returns, so that what it added goes into the same commit as its step, and once
+        nothing is left to run.
 
         An executor can plan more work (`run.add_step(...)`), as the seed's loop over
-        `get_ready_steps()` allowed: unscheduled, such a step was neither run nor ever
-        committed, and the run ended "failed" with no error raised. A removal cannot be
-        committed at all (a commit writes steps, it deletes none), so the caller stops the run
-        naming it. O(1) when the number of steps did not change.
+        `get_ready_steps()` allowed. Asked only once nothing was left to run, such a step was
+        committed by no checkpoint before then: a crash after its adder's completion was
+        durable lost it for good (the resume, finding the adder done, finished the run without
+        it), and a stop before the end left it out of the store. A removal cannot be committed
+        at all (a commit writes steps, it deletes none), so the caller stops the run naming it.
+
+        O(1) when nothing changed, O(added) when steps were added (they are at the end of the
+        dict): a run whose every step adds the next one costs O(n), not O(n^2). A removal costs
+        one scan of the run, when it is first seen (the ids stay in `removed` until put back).
         """
         steps = self.run.steps
-        if len(steps) == len(self.dependants):
-            return [], []
-        removed = [sid for sid in self.dependants if sid not in steps]
-        added = [s for sid, s in steps.items() if sid not in self.dependants]
+        known = self.dependants
+        if self.removed:
+            self.removed = [sid for sid in self.removed if sid not in steps]  # some put back
+        expected = len(known) - len(self.removed)
+        n = len(steps)
+        if n == expected and (not n or next(reversed(steps)) in known):
+            return [], list(self.removed), []
+        added: list[Step] = []
+        for sid in reversed(steps):
+            if sid in known:
+                break
+            added.append(steps[sid])
+        added.reverse()
+        if n - len(added) != expected:  # another removal, or an id removed and put back
+            self.removed = [sid for sid in known if sid not in steps]
+            seen = {s.id for s in added}
+            added += [s for sid, s in steps.items() if sid not in known and sid not in seen]
+        removed = list(self.removed)
+        refused = self._refuse_unholdable(added)
+        for step, _ in refused:
+            del steps[step.id]
+        if refused:
+            gone = {s.id for s, _ in refused}
+            added = [s for s in added if s.id not in gone]
         for step in added:
-            self.dependants[step.id] = []
+            known[step.id] = []
         for step in added:
             for dep in step.dependencies:
-                if dep in self.dependants:
-                    self.dependants[dep].append(step.id)
+                if dep in known:
+                    known[dep].append(step.id)
         skipped: list[Step] = []
         for step in added:
             if step.status != StepStatus.PENDING or step.id in self.deps_left:
@@ -154,12 +187,48 @@ class Execution:
             if root is not None:
                 skipped += self.skip_downstream(root)
                 continue
-            left = sum(1 for s in deps if s is None or s.status != StepStatus.COMPLETED)
+            # a dependency finished but not yet released (its commit still on its way) counts
+            # as not done: its release readies this step, never before its record is durable
+            left = sum(1 for d, s in zip(step.dependencies, deps, strict=True)
+                       if s is None or s.status != StepStatus.COMPLETED or d in self.unreleased)
             self.deps_left[step.id] = left
             if left == 0:
                 self.ready.append(step.id)
         new = {s.id for s in added}
-        return added + [s for s in skipped if s.id not in new], removed
+        return added + [s for s in skipped if s.id not in new], removed, refused
+
+    def _refuse_unholdable(self, added: list[Step]) -> list[tuple[Step, str]]:
+        """The added steps the store's graph check would refuse, with why: one depending on
+        itself, on no step of the run, on such a step, or on a cycle; one COMPLETED without a
+        result. Committed with the others, it made the store refuse the whole commit (and the
+        crash flush's after it): InvalidGraphError out of execute_run, the run left "running"
+        and, under every-n, the acknowledged steps of the batch lost. Only the added steps are
+        looked at (a cycle must go through one of them): O(added)."""
+        steps = self.run.steps
+        bad: dict[str, str] = {}
+        for step in added:
+            if step.status == StepStatus.COMPLETED and step.result is None:
+                bad[step.id] = "is COMPLETED without a result"
+            elif step.id in step.dependencies:
+                bad[step.id] = "depends on itself"
+            else:
+                missing = next((d for d in step.dependencies if d not in steps), None)
+                if missing is not None:
+                    bad[step.id] = f"depends on {missing!r}, which is not a step of the run"
+        edges = {s.id: s.dependencies for s in added if s.id not in bad and s.dependencies}
+        while (cycle := find_cycle(edges)) is not None:
+            bad[cycle] = "is on a dependency cycle"
+            del edges[cycle]
+        grew = bool(bad)
+        while grew:  # what depends on a refused added step is refused with it
+            grew = False
+            for step in added:
+                if step.id not in bad:
+                    dep = next((d for d in step.dependencies if d in bad), None)
+                    if dep is not None:
+                        bad[step.id] = f"depends on {dep!r}, which was refused too"
+                        grew = True
+        return [(s, bad[s.id]) for s in added if s.id in bad]
 
     def skip_downstream(self, sid: str) -> list[Step]:
         """Pending steps downstream of a failed one become SKIPPED, each naming the failed step."""

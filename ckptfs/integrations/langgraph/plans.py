@@ -27,6 +27,10 @@ from ckptfs.integrations.langgraph.keys import lg_decode, lg_is_plan, lg_parse_p
 
 PLAN_BODY = b"plan\n"  # a read plan is its key; not empty: an exclusive PUT (copy_thread) refuses b""
 MAX_NEEDS = 100_000  # remembered read sets; past this they are forgotten at once
+# namespaces whose plan in force is remembered; past this they are forgotten at once (a
+# subgraph's namespace is new at each call, so one thread alone could grow them without end);
+# a forgotten plan costs its namespace's next put one plan filed again, never a wrong read
+MAX_PLANS = 10_000
 
 # (thread, namespace, holder checkpoint id, channel): one stored channel version
 Version = tuple[str, str, str, str]
@@ -102,8 +106,14 @@ class ReadPlans:
             parsed = lg_parse_plan(key)
             if parsed is not None and parsed[1] == "u":
                 mode, need = "u", None  # too many to name
-            self._plans[(thread_id, ns)] = ReadPlan(checkpoint_id, mode, need or frozenset(), [])
+            self._remember((thread_id, ns), ReadPlan(checkpoint_id, mode, need or frozenset(), []))
         return key
+
+    def _remember(self, where: tuple[str, str], plan: ReadPlan) -> None:
+        """Note the plan in force in a namespace (under `_lock`), within `MAX_PLANS`."""
+        if where not in self._plans and len(self._plans) >= MAX_PLANS:
+            self._plans.clear()
+        self._plans[where] = plan
 
     def not_filed(self, thread_id: str, ns: str) -> None:
         """The plan just made was not stored: the next put files one again."""
@@ -129,8 +139,8 @@ class ReadPlans:
         first = bisect.bisect_left(segs, start)
         since = [lg_decode(seg) for seg in segs[first:] if seg != start]
         with self._lock:
-            self._plans[(thread_id, ns)] = ReadPlan(lg_decode(start), mode,
-                                                    frozenset(map(lg_decode, ids)), since)
+            self._remember((thread_id, ns), ReadPlan(lg_decode(start), mode,
+                                                     frozenset(map(lg_decode, ids)), since))
         if mode == "u":
             return None
         want = set(ids) | (set(segs[first:-1]) if mode == "c" else set())

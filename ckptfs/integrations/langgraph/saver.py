@@ -132,6 +132,17 @@ _MAX_WROTE = 10_000
 _MAX_THREADS = 10_000
 
 
+def _bounded(memory: dict[tuple[str, str], Any], key: tuple[str, str]) -> None:
+    """Make room for `key` in a per-namespace memory (`_last`, `_newest`): past `_MAX_THREADS`
+    entries it is forgotten whole, as `_start_over` forgets threads. Keyed by namespace, it
+    outgrew that bound on one thread: a subgraph's namespace is new at each call
+    ("node:<task id>"), so a long conversation calling one kept an entry per call for the
+    saver's life, the thread count never reaching the bound. Forgetting is always safe: each
+    entry is a shortcut a put or a read rebuilds from the store."""
+    if key not in memory and len(memory) >= _MAX_THREADS:
+        memory.clear()
+
+
 def _writes_of(ns_prefix: str, checkpoint_key: str) -> str:
     """`lg_writes_prefix` of the checkpoint a key names, from the key (no decode, no encode)."""
     return f"{ns_prefix}writes/{checkpoint_key.rsplit('/', 1)[1]}/"
@@ -517,7 +528,10 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                     return None
                 key, data, wkeys = newest
                 loaded = Loaded(key, self._parsed.parse(key, data, self.max_decoded_bytes))
-                return self._tuple(thread_id, loaded, wkeys)
+                got = self._tuple_unless_removed(thread_id, loaded, wkeys)
+                if got is None:
+                    continue
+                return got
             if checkpoint_id is None:
                 try:
                     found = self._newest_remote(thread_id, ns, prefix)
@@ -527,7 +541,10 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                     self._refuse_log_layout(thread_id, prefix)
                     return None
                 loaded, wkeys_r, listing, pre = found
-                return self._tuple(thread_id, loaded, wkeys_r, listing=listing, pre=pre)
+                got = self._tuple_unless_removed(thread_id, loaded, wkeys_r, listing=listing, pre=pre)
+                if got is None:
+                    continue
+                return got
             key = lg_checkpoint_key(thread_id, ns, checkpoint_id)
             try:
                 by_id = self._read_with_writes(prefix, key)
@@ -537,8 +554,30 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 self._refuse_log_layout(thread_id, prefix)
                 return None
             self._refuse_doubt(prefix, operator.eq, key)  # its pending writes
-            return self._tuple(thread_id, *by_id)
+            got = self._tuple_unless_removed(thread_id, *by_id)
+            if got is None:
+                continue  # removed while read: the next pass finds it gone (None)
+            return got
         return None
+
+    def _tuple_unless_removed(self, thread_id: str, loaded: Loaded, writes_keys: list[str] | None = None,
+                              metadata: CheckpointMetadata | None = None, listing: Sequence[str] = (),
+                              pre: Mapping[str, Loaded] | None = None) -> CheckpointTuple | None:
+        """`_tuple`, or None when an object it reads went because the checkpoint itself was
+        removed meanwhile (a delete_thread, delete_for_runs or prune by another saver: reads
+        pass no gate, and removals go newest first), for the caller to look again.
+
+        Met as CorruptFileError ("refers to channel versions in this object, which is gone"):
+        a graph reading a thread another saver of the process was deleting failed as if the
+        store were damaged. Likelier once a saver starts over (`_start_over`): the values it
+        held are read from the store again. A checkpoint still there is damage: raised."""
+        try:
+            return self._tuple(thread_id, loaded, writes_keys, metadata, listing, pre)
+        except CorruptFileError:
+            if self.storage.exists(loaded.key):
+                raise
+            logger.debug("checkpoint %s removed while it was read: looking again", loaded.key)
+            return None
 
     def _refuse_log_layout(self, thread_id: str, prefix: str) -> None:
         """A namespace this saver finds no checkpoint of, off a record log, whose log file is
@@ -628,6 +667,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                     seen[cid] = Loaded(pkey, self._parsed.parse(pkey, data, self.max_decoded_bytes))
         if self._remote:
             with self._lock:  # what the listing says now, even below an older hint (pruned)
+                _bounded(self._newest, (thread_id, ns))
                 self._newest[(thread_id, ns)] = key
         return (*found, keys, seen)
 
@@ -635,6 +675,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         with self._lock:
             old = self._newest.get((thread_id, ns))
             if old is None or key > old:
+                _bounded(self._newest, (thread_id, ns))
                 self._newest[(thread_id, ns)] = key
 
     def _thread_ids(self) -> list[str]:
@@ -767,7 +808,11 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 continue
             if prefix not in writes_index:
                 writes_index[prefix] = writes_by_checkpoint(self.storage, prefix)
-            yield self._tuple(thread_id, loaded, writes_index[prefix].get(lg_encode(cid), []), metadata)
+            got = self._tuple_unless_removed(thread_id, loaded,
+                                             writes_index[prefix].get(lg_encode(cid), []), metadata)
+            if got is None:
+                continue  # removed while read, as a checkpoint gone before its read (above)
+            yield got
             if remaining is not None:
                 remaining -= 1
                 if remaining <= 0:
@@ -904,12 +949,18 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             finally:
                 if filed is not None:
                     filed.result()
-        for channel, item in fresh:
-            self._values.put((thread_id, ns, checkpoint_id, channel), item)
-        with self._lock:
-            self._last[(thread_id, ns)] = (checkpoint_id, refs)
-        if self._remote:
-            self._saw_newest(thread_id, ns, key)
+            # Noted inside the gate, not after it: a removal by another saver of the process
+            # landing between the write and the note, then this saver starting over (which
+            # forgets the epoch the note would be checked against), left the note trusted:
+            # the graph run's next put pointed at the removed objects (acknowledged, and
+            # CorruptFileError on every read). If the lease turns out lost, `_writing` forgets.
+            for channel, item in fresh:
+                self._values.put((thread_id, ns, checkpoint_id, channel), item)
+            with self._lock:
+                _bounded(self._last, (thread_id, ns))
+                self._last[(thread_id, ns)] = (checkpoint_id, refs)
+            if self._remote:
+                self._saw_newest(thread_id, ns, key)
         return self._config(thread_id, ns, checkpoint_id)
 
     def _file_plan(self, thread_id: str, ns: str, key: str) -> None:
@@ -1185,7 +1236,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         it back as idle while the write is in flight, however long it takes, and with `confirm`
         the write is acknowledged only if the lease held, in the generation it began under,
         all through it (a write slower than the lease may have forked the thread); otherwise
-        ThreadBusyError, and the caller's in-memory state is left as it was. Yields the tenure
+        ThreadBusyError, and what this saver noted of the thread is forgotten. Yields the tenure
         (None without leases): a new object each time the lease is taken again.
 
         Inside the lease, the thread's gate in this process (`erasures.py`): `erase` (delete,
@@ -1214,7 +1265,12 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 self._leave_gate(thread_id, gate)
             done = True
         finally:
-            self.leases.end(thread_id, tenure, confirm=done and confirm)
+            try:
+                self.leases.end(thread_id, tenure, confirm=done and confirm)
+            except ThreadBusyError:
+                # the write is not acknowledged: nothing it noted (inside the gate) is trusted
+                self._forget_removed(thread_id)
+                raise
 
     def _enter_gate(self, thread_id: str, erase: bool) -> threading.Event | None:
         """Pass the thread's gate (`erasures.py`): a removal's event, or None for a write, which
