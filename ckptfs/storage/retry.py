@@ -52,8 +52,12 @@ _PERMANENT_CODES = frozenset({
     "InvalidToken", "AllAccessDisabled", "InvalidBucketName", "AuthorizationHeaderMalformed",
     "PermanentRedirect", "301", "403",
 })
+# FlexibleChecksumError: a response body that does not match the checksum the server sent
+# with it, i.e. bytes damaged or cut in transit (one `prune` in ~17 over moto met an empty body
+# and exited 3, "unexpected"): another GET is the cure.
 _TRANSIENT_NAMES = ("Connect", "Timeout", "Endpoint", "ConnectionClosed", "IncompleteRead",
-                    "ResponseParser", "ReadTimeout", "ClientPayload", "ServerDisconnected")
+                    "ResponseParser", "ReadTimeout", "ClientPayload", "ServerDisconnected",
+                    "FlexibleChecksum")
 _TRANSIENT_WORDS = ("SlowDown", "reduce your request rate", "InternalError", "ServiceUnavailable",
                     "Too Many Requests", "TooManyRequests", "Throttl", "Connection refused",
                     "Could not connect", "Connection reset", "Connection was closed",

@@ -238,7 +238,8 @@ class S3Storage(Storage):
                               ) from None
         except Exception as exc:  # botocore connection errors and the like
             name = type(exc).__name__
-            if "Connect" in name or "Endpoint" in name or "Credentials" in name or "Timeout" in name:
+            if ("Connect" in name or "Endpoint" in name or "Credentials" in name or "Timeout" in name
+                    or "Checksum" in name):  # a body damaged in transit: retried (retry.py)
                 raise StorageUnavailableError(f"{self.display_url}: {name}: {exc}") from None
             raise
 
