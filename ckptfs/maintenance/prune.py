@@ -31,7 +31,6 @@ reads; the report says how many stayed for the grace, so a prune that left more 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -61,7 +60,7 @@ from ckptfs.format.units import parse_duration as parse_duration
 from ckptfs.storage.base import Storage
 from ckptfs.storage.registry import list_keys, open_target
 from ckptfs.store.checkpoint_store import CheckpointStore
-from ckptfs.store.compactor import DEFAULT_SUPERSEDED_GRACE, CompactionPolicy
+from ckptfs.store.compactor import DEFAULT_SUPERSEDED_GRACE, CompactionPolicy, seconds_value
 from ckptfs.store.retention import RetentionResult
 
 logger = logging.getLogger(__name__)
@@ -154,8 +153,7 @@ def prune(
         raise ConfigError("refusing an empty retention policy: keep_last must be >= 1")
     if artifact_grace < 0:
         raise ConfigError("artifact grace period must not be negative")
-    if not (math.isfinite(superseded_grace) and superseded_grace >= 0):
-        raise ConfigError("superseded grace must be finite and >= 0")
+    superseded_grace = seconds_value("prune", "superseded_grace", superseded_grace)
     if run_id is not None:
         validate_id(run_id, "run id")
     storage = open_target(url, storage_options)

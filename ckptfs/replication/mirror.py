@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -86,7 +85,7 @@ from ckptfs.storage.base import TEMP_MARKER, Storage
 from ckptfs.storage.registry import list_keys
 from ckptfs.store.artifacts import TOUCH_AFTER
 from ckptfs.store.checkpoint_store import CheckpointStore
-from ckptfs.store.compactor import DEFAULT_SUPERSEDED_GRACE, CompactionPolicy
+from ckptfs.store.compactor import DEFAULT_SUPERSEDED_GRACE, CompactionPolicy, seconds_value
 from ckptfs.store.loader import gc_paused, unread_folders
 
 logger = logging.getLogger(__name__)
@@ -101,11 +100,9 @@ class Mirror:
                  base_delay: float, superseded_grace: float = DEFAULT_SUPERSEDED_GRACE) -> None:
         if workers < 1:
             raise ConfigError("workers must be >= 1")
-        if not (math.isfinite(superseded_grace) and superseded_grace >= 0):
-            raise ConfigError("superseded_grace must be finite and >= 0")
         # what mirror-side retention (keep_last) gives a superseded snapshot: a restore or a
         # reader of the mirror that listed a run just before a pass still finds its files
-        self.superseded_grace = superseded_grace
+        self.superseded_grace = seconds_value("mirror", "superseded_grace", superseded_grace)
         self.src = as_storage(src, src_options, attempts, base_delay)
         self.dst = as_storage(dst, dst_options, attempts, base_delay)
         # the storages opened here from URLs, closed with the mirror (a caller's are its own)

@@ -24,6 +24,7 @@ import collections
 import contextlib
 import logging
 import math
+import numbers
 import threading
 import time
 import weakref
@@ -31,18 +32,42 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfs.errors import CorruptFileError, RecordTooLargeError
+from ckptfs.errors import ConfigError, CorruptFileError, RecordTooLargeError, quote_value
 from ckptfs.format import codec
 from ckptfs.format.changes import Changes
 from ckptfs.format.keys import RunFile, delta_key, log_key, parse_run_key, run_prefix, snap_key
 from ckptfs.storage.base import Storage
-from ckptfs.store.retention import doomed_files, grace_floor, keeps_fences
+from ckptfs.store.retention import doomed_files, grace_floor, keeps_fences, store_age
 
 logger = logging.getLogger(__name__)
 
 # CompactionPolicy.superseded_grace's default, named for the callers that take a grace of their
 # own (`ckptfs prune`, mirror-side retention) and default to what a writer keeps.
 DEFAULT_SUPERSEDED_GRACE = 60.0
+
+
+def seconds_value(owner: str, name: str, value: object) -> float:
+    """`value` as seconds (a float), or an error naming `owner`'s `name`: TypeError unless a
+    real number that is no bool, ConfigError (a ValueError) unless finite and >= 0.
+
+    One check for every grace a caller gives (`CompactionPolicy`, `prune`, `mirror`), so each
+    says the same about the same mistake, as `--superseded-grace` does on the command line:
+    `superseded_grace=True` was taken as a grace of 1 s, a Decimal was kept and compared with
+    floats on every retention, and 10**400 raised a bare OverflowError. A real that is no
+    float (numpy.float64, a Fraction) is taken, as a float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{owner}: {name} must be a number of seconds, got "
+                        f"{quote_value(repr(value))} ({type(value).__name__})")
+    try:
+        seconds = float(value)
+    except (OverflowError, TypeError, ValueError):  # an int past a float's range
+        seconds = math.inf
+    if not (math.isfinite(seconds) and seconds >= 0):
+        huge = isinstance(value, int) and seconds == math.inf  # repr() may refuse it
+        shown = "an int past a float's range" if huge else quote_value(repr(value))
+        raise ConfigError(f"{owner}: {name} must be finite and >= 0, got {shown}")
+    return seconds
+
 
 # encode(kind, run_id, version, base, base_hash, hash, changes, summary) -> file bytes
 Encode = Callable[[codec.RecordKind, str, int, int, str, str, Changes, dict[str, Any]], bytes]
@@ -84,8 +109,8 @@ class CompactionPolicy:
             raise ValueError("CompactionPolicy: fanout and max_plan must be >= 2, keep_last >= 0")
         if not self.snapshot_ratio > 0 or not self.fence_seconds >= 0:
             raise ValueError("CompactionPolicy: snapshot_ratio must be > 0, fence_seconds >= 0")
-        if not (math.isfinite(self.superseded_grace) and self.superseded_grace >= 0):
-            raise ValueError("CompactionPolicy: superseded_grace must be finite and >= 0")
+        grace = seconds_value("CompactionPolicy", "superseded_grace", self.superseded_grace)
+        object.__setattr__(self, "superseded_grace", grace)  # frozen: the checked float
 
 
 @dataclass
@@ -436,12 +461,16 @@ class Compactor:
                 return rc.written[version]
             if version in listed:
                 try:
-                    age = time.time() - self._storage.modified(snap_key(run_id, version))
+                    age = store_age(self._storage.modified(snap_key(run_id, version)),
+                                    time.time(), grace)
                 except FileNotFoundError:  # removed meanwhile: nothing below is kept for it
                     return None
                 except (NotImplementedError, OSError):  # a store without times: when known
                     return known.get(version)
-                rc.written[version] = time.monotonic() - max(0.0, age)
+                # a time far ahead is unknown, as old, in later passes too (not the adoption
+                # time `known` holds): else each restart beside a store a year ahead, listing
+                # again, kept what it listed one more grace
+                rc.written[version] = -math.inf if age is None else time.monotonic() - age
                 return rc.written[version]
             return known.get(version)
 

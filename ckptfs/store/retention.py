@@ -24,6 +24,13 @@ snapshot stays, with the deltas and journal records after it, until the next one
 finds every one. Older snapshots go at the retention after that (the writer's next snapshot,
 or the next prune), so files still stay bounded by what was written within the grace. On a
 fencing store the two rules compose: journal records go up to the lower of the two floors.
+
+The store's times are another machine's clock (an S3 server's, an NFS server's) or whatever a
+copy or `touch` set, so `store_age` reads them with a bound: a time ahead of this clock counts
+as now, and one more than the grace ahead as unknown (as old): taken as it was, a snapshot
+dated a year ahead held every snapshot below it, with their records, through every prune of
+that year. A store whose clock runs behind only makes snapshots look older: the grace is then
+shorter, never less than no grace at all.
 """
 
 from __future__ import annotations
@@ -89,6 +96,18 @@ def grace_floor(snapshots: Iterable[int], oldest: int, written: Callable[[int], 
     return floor
 
 
+def store_age(modified: float, now: float, grace: float) -> float | None:
+    """How long ago, by the clock of `now`, the store says a snapshot was written, for the
+    superseded grace (module docstring): a time ahead of `now` counts as now, so the grace it
+    gives ends at most `grace` after this clock reaches that time; one more than `grace` ahead
+    is no write within the grace on any clock worth trusting, and is None (unknown: as old).
+    Without the bound a stateless prune kept a snapshot for as long as its time stayed ahead."""
+    age = now - modified
+    if age < -grace:
+        return None
+    return max(0.0, age)
+
+
 def fence_floor(storage: Storage, run_id: str, logs: Iterable[int], oldest: int,
                 fence_seconds: float) -> int:
     """The highest version up to which journal records may go on a fencing store: the newest
@@ -147,14 +166,16 @@ def apply_retention(loader: RunLoader, run_id: str, keep: int, dry_run: bool = F
     oldest = valid[-1]
     if superseded_grace > 0:
         keys = {rf.version: rf.key for rf in snaps}
+        now = time.time()
 
         def written(version: int) -> float | None:
             try:
-                return loader.storage.modified(keys[version])
+                age = store_age(loader.storage.modified(keys[version]), now, superseded_grace)
             except (FileNotFoundError, NotImplementedError):  # gone, or a store without times
                 return None
+            return None if age is None else now - age
 
-        oldest = grace_floor(keys, oldest, written, superseded_grace, time.time())
+        oldest = grace_floor(keys, oldest, written, superseded_grace, now)
     graced = [rf.version for rf in snaps if oldest <= rf.version < valid[-1]]  # newest first
     logs_upto = oldest
     if fence_seconds > 0 and keeps_fences(loader.storage):
