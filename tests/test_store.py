@@ -282,12 +282,16 @@ def test_idle_compactor_threads_exit_and_restart(monkeypatch: pytest.MonkeyPatch
 
     from ckptfs.store.compactor import Compactor
 
-    monkeypatch.setattr(Compactor, "IDLE_EXIT_SECONDS", 0.2)
+    # long while the threads start and are looked at (at 0.2 s the first store's could idle out
+    # before the tenth was written, on a loaded machine), then short: the class attribute is
+    # read at each wake-up (every WAKE_SECONDS)
+    monkeypatch.setattr(Compactor, "IDLE_EXIT_SECONDS", 60.0)
     stores = [CheckpointStore(f"memory://idle-{i}-{id(monkeypatch)}") for i in range(10)]
     for st in stores:
         st.save_run(make_run(3))
     threads = [st._compactor._thread for st in stores]  # only this test's threads are watched
     assert all(t is not None for t in threads)
+    monkeypatch.setattr(Compactor, "IDLE_EXIT_SECONDS", 0.2)
     deadline = time.monotonic() + 10
     while any(t is not None and t.is_alive() for t in threads) and time.monotonic() < deadline:
         time.sleep(0.05)
