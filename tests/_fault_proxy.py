@@ -13,9 +13,16 @@ rule picks a `Fault` (or None: forward it as it is):
 * `cut=N`: forward the request; a GET whose reply body is longer than N bytes gets its headers
   (the full Content-Length) and half its body, then the connection closes: a body cut short
   mid-stream, which fails in the client's reads, after its request returned.
+* `reply_headers=f`: forward the request and send its reply with the headers `f` makes of the
+  upstream's (a list of (name, value), names as the upstream spelt them, without the hop-by-hop
+  ones, Server and Date; the framing stays the proxy's): a store whose headers lie or differ,
+  e.g. a Last-Modified from a clock a year ahead. It applies to replies that are forwarded
+  (with `cut` too), not to an injected `status`. A reply `f` changed counts as "rewritten".
 
 Everything binds 127.0.0.1; every request is bounded (upstream timeout, bounded delays), and
-the proxy counts what it did, per kind, so a test can show its faults really happened.
+the proxy counts what it did, per kind, so a test can show its faults really happened. A client
+that resets its connection mid-request (a process the test SIGKILLs) is the test's doing, not a
+fault of the proxy: no traceback for it.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import http.client
 import logging
 import random
 import socket
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -39,6 +47,8 @@ _ERROR = ('<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
           "<Message>{code} injected by the test proxy</Message><RequestId>t</RequestId></Error>")
 _HOP_BY_HOP = ("transfer-encoding", "connection", "content-length", "keep-alive")
 MAX_DELAY = 10.0  # no injected delay may hold a request longer than this
+
+Headers = list[tuple[str, str]]
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,7 @@ class Fault:
     code: str = "ServiceUnavailable"
     drop: Literal["before", "after"] | None = None
     cut: int | None = None
+    reply_headers: Callable[[Headers], Headers] | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.delay <= MAX_DELAY:
@@ -100,11 +111,19 @@ def random_faults(seed: int, *, drop_after: float = 0.0, error: float = 0.0,
     return rule
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """Silent about clients gone mid-request (see the module docstring)."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class FaultProxy:
     """A threaded loopback proxy applying `rule` to every request; use it as a context manager.
 
     `counts` says what happened: forwarded, delayed, error, drop-before, drop-after (the last
-    also per method and path in `landed_then_dropped`).
+    also per method and path in `landed_then_dropped`), cut, rewritten.
     """
 
     def __init__(self, upstream: str, rule: Rule, *, upstream_timeout: float = 30.0) -> None:
@@ -188,10 +207,16 @@ class FaultProxy:
                 chop = (fault.cut is not None and self.command == "GET" and resp.status in (200, 206)
                         and len(data) > fault.cut)
                 proxy._count("cut" if chop else "forwarded")
+                reply = [(k, v) for k, v in resp.getheaders()
+                         if k.lower() not in (*_HOP_BY_HOP, "server", "date")]
+                if fault.reply_headers is not None:
+                    rewritten = fault.reply_headers(list(reply))
+                    if rewritten != reply:
+                        proxy._count("rewritten")
+                    reply = [(k, v) for k, v in rewritten if k.lower() not in _HOP_BY_HOP]
                 self.send_response(resp.status)
-                for k, v in resp.getheaders():
-                    if k.lower() not in (*_HOP_BY_HOP, "server", "date"):
-                        self.send_header(k, v)
+                for k, v in reply:
+                    self.send_header(k, v)
                 # a HEAD's reply has no body but tells the size of the object's
                 length = resp.getheader("Content-Length") if self.command == "HEAD" else None
                 self.send_header("Content-Length", length or str(len(data)))
@@ -209,7 +234,7 @@ class FaultProxy:
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _QuietServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True,

@@ -25,22 +25,19 @@ import contextlib
 import dataclasses
 import email.utils
 import fractions
-import http.client
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
+from _fault_proxy import Fault, FaultProxy, Headers
 
 from ckptfs import (
     AgentRun,
@@ -57,91 +54,28 @@ RUN = "chain"
 # A snapshot at every commit, keep_last=1: retention as aggressive as it gets.
 AGGRESSIVE = CompactionPolicy(fanout=2, max_plan=2, snapshot_ratio=0.0001, min_snapshot_bytes=0,
                               keep_last=1, fence_seconds=0.0, background=False)
-_HOP_BY_HOP = ("transfer-encoding", "connection", "content-length", "keep-alive", "server", "date")
 
 
-class _QuietServer(ThreadingHTTPServer):
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client killed mid-request (the SIGKILLed writer) resets its connection: that is
-        the test, not a fault of the proxy, so no traceback on stderr."""
-        if not isinstance(sys.exc_info()[1], ConnectionError):
-            super().handle_error(request, client_address)
+def _moved(offset: float) -> Callable[[Headers], Headers]:
+    """Reply headers from a store whose clock is `offset` seconds off the client's: its
+    Last-Modified (what `Storage.modified` reads, from a HEAD) moved by `offset`."""
 
+    def when(value: str) -> str:
+        at = email.utils.parsedate_to_datetime(value).timestamp() + offset
+        return email.utils.formatdate(at, usegmt=True)
 
-class SkewProxy:
-    """A loopback proxy in front of moto whose store clock is `offset` seconds off the client's:
-    every Last-Modified it forwards (what `Storage.modified` reads, from a HEAD) is moved by
-    `offset`; everything else passes as it is."""
+    def move(headers: Headers) -> Headers:
+        return [(k, when(v) if k.lower() == "last-modified" else v) for k, v in headers]
 
-    def __init__(self, upstream: str, offset: float) -> None:
-        parts = urlsplit(upstream)
-        assert parts.hostname == "127.0.0.1" and parts.port is not None
-        host, port = parts.hostname, parts.port
-        self.moved = 0
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                return None
-
-            def _body(self) -> bytes:
-                if "chunked" in self.headers.get("Transfer-Encoding", ""):
-                    out = b""
-                    while size := int(self.rfile.readline().split(b";")[0], 16):
-                        out += self.rfile.read(size)
-                        self.rfile.readline()
-                    self.rfile.readline()
-                    return out
-                return self.rfile.read(int(self.headers.get("Content-Length", 0)))
-
-            def _handle(self) -> None:
-                body = self._body()
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
-                headers["Content-Length"] = str(len(body))
-                conn = http.client.HTTPConnection(host, port, timeout=30)
-                try:
-                    conn.request(self.command, self.path, body=body, headers=headers)
-                    resp = conn.getresponse()
-                    data = resp.read()
-                finally:
-                    conn.close()
-                self.send_response(resp.status)
-                for k, v in resp.getheaders():
-                    if k.lower() in _HOP_BY_HOP:
-                        continue
-                    if k.lower() == "last-modified":
-                        when = email.utils.parsedate_to_datetime(v).timestamp() + offset
-                        v = email.utils.formatdate(when, usegmt=True)
-                        proxy.moved += 1
-                    self.send_header(k, v)
-                length = resp.getheader("Content-Length") if self.command == "HEAD" else None
-                self.send_header("Content-Length", length or str(len(data)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
-
-            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
-
-        self.server = _QuietServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> SkewProxy:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    return move
 
 
 @contextlib.contextmanager
-def skewed(s3: Any, offset: float) -> Iterator[tuple[SkewProxy, dict[str, Any]]]:
-    """The proxy and storage options that reach moto through it."""
-    with SkewProxy(s3.endpoint, offset) as proxy:
+def skewed(s3: Any, offset: float) -> Iterator[tuple[FaultProxy, dict[str, Any]]]:
+    """A proxy in front of moto moving every Last-Modified by `offset`, everything else as it
+    is, and the storage options that reach moto through it (`counts["rewritten"]` says how
+    many replies it moved)."""
+    with FaultProxy(s3.endpoint, lambda _req: Fault(reply_headers=_moved(offset))) as proxy:
         opts = dict(s3.storage_options)
         opts["client_kwargs"] = {**opts["client_kwargs"], "endpoint_url": proxy.endpoint}
         yield proxy, opts
@@ -238,7 +172,7 @@ def test_restarts_beside_a_store_a_year_ahead_keep_files_bounded(s3: Any, s3_url
             assert again is not None
             _complete(store, again, 2)
             store.close()
-        assert proxy.moved > 0  # the writers really read times through the skew
+        assert proxy.counts["rewritten"] > 0  # the writers really read times through the skew
         snaps = _versions(CheckpointStore(s3_url, s3.storage_options), "snap")
         assert len(snaps) <= 4, snaps  # its own two and the loaded one, at most one more
         loaded = CheckpointStore(s3_url, opts).load_run(RUN)
@@ -372,7 +306,7 @@ def test_chain_beside_a_store_a_year_ahead(s3: Any, s3_url: str, tmp_path: Path)
         assert code == 0, (doc, err)
         code, doc, err = _cli("restore", mirror_url, str(restored), "--json", "--from-option", ep)
         assert code == 0 and doc["ok"], (doc, err)
-        assert proxy.moved > 0
+        assert proxy.counts["rewritten"] > 0
     code, doc, err = _cli("verify", str(restored), "--json")
     assert code == 0, (doc, err)
     run = CheckpointedAgent(CheckpointStore(str(restored))).resume_run(RUN)
