@@ -280,7 +280,8 @@ class CheckpointedAgent:
         outcome is unknown or the executor returns (or leaves in its step) a value the store
         cannot keep, all after committing the stop; a pause returns early. Steps the executor
         adds to the run are run too, committed with its step; one no commit could hold (an
-        unknown dependency, a cycle) or one it removes stops the run (no commit can remove it).
+        unknown dependency, a cycle) or one it removes stops the run (no commit can remove it),
+        and so does one it adds under an id the run already has (it replaced that step).
         """
         ex = self._begin(run, on_progress)
         try:
@@ -294,9 +295,9 @@ class CheckpointedAgent:
                         break
                     time.sleep(wait)
                     continue
-                step = run.steps.get(sid)
+                step = ex.live(sid)
                 if step is None:
-                    self._removed(ex, sid)
+                    self._gone(ex, sid)
                     continue
                 self._run_step(ex, step, executor)
             plan = self._finish(ex)
@@ -357,9 +358,9 @@ class CheckpointedAgent:
                     sid = ex.next_ready()
                     if sid is None:
                         break
-                    step = run.steps.get(sid)
+                    step = ex.live(sid)
                     if step is None:
-                        self._removed(ex, sid)
+                        self._gone(ex, sid)
                         break
                     tasks[asyncio.ensure_future(self._arun_step(ex, step, executor))] = sid
                 if not tasks:
@@ -431,6 +432,7 @@ class CheckpointedAgent:
         for step in requeue_interrupted(run):
             ex.dirty[step.id] = step
         steps = run.steps
+        ex.held = dict(steps)
         ex.dependants = dependants_index(steps)
         roots = [sid for sid, s in steps.items()
                  if s.status in (StepStatus.FAILED, StepStatus.SKIPPED)]
@@ -503,7 +505,7 @@ class CheckpointedAgent:
 
     def _after_success(self, ex: Execution, step: Step, out: Any, tokens0: int,
                        cost0: float) -> list[Step] | None:
-        self._reconcile(ex, removals=False)  # what it added goes into its step's commit
+        self._reconcile(ex, removals=False, ran=step)  # what it added goes into its step's commit
         left = self._left_unstorable(ex, step, tokens0, cost0)
         if left is not None:
             return left
@@ -541,7 +543,7 @@ class CheckpointedAgent:
 
     def _after_failure(self, ex: Execution, step: Step, exc: Exception, tokens0: int,
                        cost0: float) -> list[Step]:
-        self._reconcile(ex, removals=False)  # what it added goes into the failure's commit
+        self._reconcile(ex, removals=False, ran=step)  # what it added goes into the failure's commit
         left = self._left_unstorable(ex, step, tokens0, cost0)
         if left is not None:  # whatever it raised, no commit could hold the step as it is now
             return left
@@ -641,16 +643,18 @@ class CheckpointedAgent:
         else:  # stopping already: this one is told, not raised
             logger.error("%s", error)
 
-    def _reconcile(self, ex: Execution, *, removals: bool = True) -> bool:
+    def _reconcile(self, ex: Execution, *, removals: bool = True, ran: Step | None = None) -> bool:
         """Bring the schedule up to date with steps added to the run or removed from it (by an
         executor, a progress callback); True if that gave the run more to do.
 
-        Called when an executor returns, before its step's plan is taken, so what it added is
-        committed with its step (and never after: a crash between its step's commit and theirs
-        lost them for good, the resume finding the step done), and once nothing is left to run.
-        An added step no commit could hold stops the run naming it (`_refused_added`); a
-        removed one stops it too (`_removed`), only once nothing is left to run (`removals`) or
-        when its turn comes: the steps it does not hold up run first, as they always did."""
+        Called when an executor returns (that of `ran`), before its step's plan is taken, so
+        what it added is committed with its step (and never after: a crash between its step's
+        commit and theirs lost them for good, the resume finding the step done), and once
+        nothing is left to run. An added step no commit could hold stops the run naming it
+        (`_refused_added`), and so does a step replaced under its id, once the schedule met it
+        (`_replaced`); a removed one stops it too (`_removed`), only once nothing is left to
+        run (`removals`) or when its turn comes: the steps it does not hold up run first, as
+        they always did."""
         added, removed, refused = ex.reconcile()
         if not removals:
             removed = []
@@ -661,9 +665,43 @@ class CheckpointedAgent:
                         len(added), len(ex.ready))
         for step, why in refused:
             self._refused_added(ex, step, why)
+        if ran is not None:
+            ex.live(ran.id)  # its executor, the likeliest to have added its own id again
+        replaced = self._replaced(ex)
         if removed:
             self._removed(ex, removed[0])
-        return bool(ex.ready) or bool(removed) or bool(refused)
+        return bool(ex.ready) or bool(removed) or bool(refused) or replaced
+
+    def _gone(self, ex: Execution, sid: str) -> None:
+        """Stop the run for `sid`, whose turn came with its step no longer in the run as the
+        schedule has it (`Execution.live`): replaced under its id, or removed."""
+        self._replaced(ex)  # puts a replaced step back: what is still missing was removed
+        if sid not in ex.run.steps:
+            self._removed(ex, sid)
+
+    def _replaced(self, ex: Execution) -> bool:
+        """Stop the run for each step replaced under its id (`Execution.live` noted them);
+        True if there was one.
+
+        `run.add_step` of an id the run has replaces the step object: unnoticed, the
+        replacement of a finished step was never run nor committed and the run ended "failed"
+        with nothing saying why; that of a pending one ran on the replaced step's schedule and
+        was committed, its graph unchecked. The step the schedule has is put back in the run,
+        as the store keeps it (what it acknowledged stays committed), and the run stops naming
+        it, as for `_refused_added`."""
+        sids, ex.replaced = ex.replaced, []
+        for sid in sids:
+            ex.run.steps[sid] = ex.held[sid]
+            why = ("was replaced by a step with the same id during execution (run.add_step of an "
+                   "id the run already has); the step as the run had it was put back, as the "
+                   "store keeps it (give new work a new id)")
+            error = RunStoppedError(ex.run.run_id, sid, ex.attempts.get(sid, 0),
+                                    ValueError(f"step id {sid!r} was added again"), why)
+            if ex.stop_error is None:
+                self._record_stop(ex, sid, None, why, error)
+            else:  # stopping already: this one is told, not raised
+                logger.error("%s", error)
+        return bool(sids)
 
     def _refused_added(self, ex: Execution, step: Step, why: str) -> None:
         """Stop the run for a step added with a graph no commit could hold (`Execution.reconcile`
@@ -699,6 +737,8 @@ class CheckpointedAgent:
 
     def _finish(self, ex: Execution) -> list[Step]:
         run = ex.run
+        ex.find_replaced()  # a replaced step the schedule never met again (a finished one)
+        self._replaced(ex)
         if ex.stop_error is None:
             if ex.pause_requested:
                 run.status = "paused"
@@ -746,15 +786,11 @@ class CheckpointedAgent:
             try:
                 self.store.commit(ex.run, steps)
                 break
-            except UnstorableValueError as exc:
-                tries -= 1
-                if recover and tries > 0 and self._spoiled(ex, steps, exc, charge):
-                    continue
-                _keep_dirty(ex, steps)
-                raise
-            except BaseException:
-                _keep_dirty(ex, steps)
-                raise
+            except BaseException as exc:  # an interrupt mid-write too: the write may not have
+                # happened, so its steps wait for the crash flush (`_keep_dirty`)
+                tries = self._after_failed_commit(ex, steps, exc, tries, charge, recover)
+                if not tries:
+                    raise
         self._committed(ex, steps)
 
     async def _acommit(self, ex: Execution, steps: list[Step], *, charge: Step | None = None,
@@ -765,16 +801,25 @@ class CheckpointedAgent:
             try:
                 await self._agroup(ex.run.run_id, run=ex.run, steps=steps)
                 break
-            except UnstorableValueError as exc:
-                tries -= 1
-                if recover and tries > 0 and self._spoiled(ex, steps, exc, charge):
-                    continue
-                _keep_dirty(ex, steps)
-                raise
-            except Exception:
-                _keep_dirty(ex, steps)
-                raise
+            except Exception as exc:  # not BaseException, unlike `_commit`: a CancelledError
+                # here cancels only this await; the write is shielded and goes on (the crash
+                # path drains it), so it is no failed write and its steps are not kept dirty
+                tries = self._after_failed_commit(ex, steps, exc, tries, charge, recover)
+                if not tries:
+                    raise
         self._committed(ex, steps)
+
+    def _after_failed_commit(self, ex: Execution, steps: list[Step], exc: BaseException,
+                             tries: int, charge: Step | None, recover: bool) -> int:
+        """What `_commit` and `_acommit` do when a commit of `steps` raised `exc`: the tries left
+        if the commit is to be made again (a refused value put back, `_spoiled`), else 0, the
+        steps kept for the next commit, for the caller to raise `exc`."""
+        if isinstance(exc, UnstorableValueError):
+            tries -= 1
+            if recover and tries > 0 and self._spoiled(ex, steps, exc, charge):
+                return tries
+        _keep_dirty(ex, steps)
+        return 0
 
     def _committed(self, ex: Execution, steps: list[Step]) -> None:
         for s in steps:
@@ -867,7 +912,7 @@ class CheckpointedAgent:
     def _tool_log_start(self, run_id: str, step_id: str) -> int:
         """Where the step's current attempt starts in its tool log (a reset fences off the rest)."""
         ex = self._active.get(run_id)
-        step = ex.run.steps.get(step_id) if ex is not None else None
+        step = ex.held.get(step_id) if ex is not None else None  # never a replacement's
         return int(step.metadata.get(TOOL_LOG_START, 0)) if step is not None else 0
 
     def _tool_plan(self, run_id: str, step_id: str, when: str, force: bool) -> tuple[Execution,

@@ -87,6 +87,10 @@ class Execution:
     unreleased: set[str] = field(default_factory=set)
     # Steps the schedule knows (`dependants`) that are no longer in the run (`reconcile`).
     removed: list[str] = field(default_factory=list)
+    # The Step object the schedule has for each id it knows: one the run holds another
+    # object for was replaced under its id (`live`), and goes into `replaced`.
+    held: dict[str, Step] = field(default_factory=dict)
+    replaced: list[str] = field(default_factory=list)
 
     @property
     def stopping(self) -> bool:
@@ -116,15 +120,40 @@ class Execution:
         self.seq += 1
         heapq.heappush(self.delayed, (time.monotonic() + delay, self.seq, sid))
 
-    def complete(self, sid: str) -> None:
+    def live(self, sid: str) -> Step | None:
+        """The step `sid` as the schedule has it; None if the run no longer has it, removed
+        (`reconcile`) or replaced: `run.add_step` of an id the run has is a plain dict
+        assignment, and the replacement, scheduled or committed, ran on dependency counts and
+        a status that were not its own (or put a graph the store refuses into the commit).
+        The replaced id is noted in `replaced` for the agent to stop the run on it.
+
+        Asked wherever the schedule goes from an id to its step, so a replacement is met at
+        no extra cost before it is ever run, skipped or committed; one met nowhere (a finished
+        step's, with nothing left depending on it) is found by `find_replaced`, once."""
+        step = self.run.steps.get(sid)
+        if step is None or step is self.held.get(sid, step):
+            return step
+        if sid not in self.replaced:
+            self.replaced.append(sid)
+        return None
+
+    def find_replaced(self) -> None:
+        """Note every replaced step in `replaced` (see `live`): one walk of the steps, made once
+        per execution (at its end, beside `is_complete`'s), never per executor return."""
         steps = self.run.steps
+        for sid, step in self.held.items():
+            now = steps.get(sid)
+            if now is not None and now is not step and sid not in self.replaced:
+                self.replaced.append(sid)
+
+    def complete(self, sid: str) -> None:
         for d in self.dependants.get(sid, ()):
             left = self.deps_left.get(d)
             if left is None:
                 continue
             left -= 1
             self.deps_left[d] = left
-            step = steps.get(d)  # None: removed from the run meanwhile (see `reconcile`)
+            step = self.live(d)  # None: removed from the run meanwhile, or replaced
             if left == 0 and step is not None and step.status == StepStatus.PENDING:
                 self.ready.append(d)
 
@@ -145,6 +174,8 @@ class Execution:
         O(1) when nothing changed, O(added) when steps were added (they are at the end of the
         dict): a run whose every step adds the next one costs O(n), not O(n^2). A removal costs
         one scan of the run, when it is first seen (the ids stay in `removed` until put back).
+        A step replaced under its id changes neither the dict's size nor its last key: it is
+        told by identity where the schedule meets it (`live`, `find_replaced`), not here.
         """
         steps = self.run.steps
         known = self.dependants
@@ -171,8 +202,10 @@ class Execution:
         if refused:
             gone = {s.id for s, _ in refused}
             added = [s for s in added if s.id not in gone]
+        held = self.held
         for step in added:
             known[step.id] = []
+            held[step.id] = step
         for step in added:
             for dep in step.dependencies:
                 if dep in known:
@@ -181,7 +214,7 @@ class Execution:
         for step in added:
             if step.status != StepStatus.PENDING or step.id in self.deps_left:
                 continue
-            deps = [steps.get(d) for d in step.dependencies]
+            deps = [self.live(d) for d in step.dependencies]
             root = next((d for d, s in zip(step.dependencies, deps, strict=True)
                          if s is not None and s.status in (StepStatus.FAILED, StepStatus.SKIPPED)), None)
             if root is not None:
@@ -232,13 +265,12 @@ class Execution:
 
     def skip_downstream(self, sid: str) -> list[Step]:
         """Pending steps downstream of a failed one become SKIPPED, each naming the failed step."""
-        steps = self.run.steps
         out: list[Step] = []
         queue = deque([sid])
         while queue:
             cur = queue.popleft()
             for d in self.dependants.get(cur, ()):
-                step = steps.get(d)
+                step = self.live(d)  # never a replacement: it would be committed
                 if step is None or step.status != StepStatus.PENDING:
                     continue
                 reason = f"dependency {sid!r} failed" if cur == sid else \
