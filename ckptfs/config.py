@@ -32,7 +32,7 @@ from pydantic import (
     model_validator,
 )
 
-from ckptfs.errors import ConfigError, StorageUnavailableError
+from ckptfs.errors import SHOWN_CHARS, ConfigError, StorageUnavailableError, quote_value
 from ckptfs.format.units import MAX_SCHEDULE_SECONDS, parse_duration
 from ckptfs.storage.redact import is_secret_option, redact_options, redact_url
 from ckptfs.storage.registry import open_storage
@@ -71,6 +71,13 @@ def json_object_env(var: str, raw: str) -> dict[str, Any]:
     return value
 
 
+def _key_shown(key: str) -> str:
+    """A key as an error names it: bare, or cut short (`quote_value`) past SHOWN_CHARS. A key
+    is the file's as much as a value is: a 5,000-character unknown key made a 5,000-character
+    error."""
+    return key if len(key) <= SHOWN_CHARS else quote_value(key)
+
+
 def _secret_paths(options: Any, prefix: str) -> list[str]:
     """Where options hold a credential (`store.options.client_kwargs.headers.Authorization`),
     through tables and lists of tables at any depth."""
@@ -79,9 +86,10 @@ def _secret_paths(options: Any, prefix: str) -> list[str]:
         enumerate(options) if isinstance(options, list | tuple) else ())
     for k, v in items:
         if isinstance(k, str) and is_secret_option(k) and v is not None:
-            out.append(f"{prefix}.{k}")
+            out.append(f"{prefix}.{_key_shown(k)}")
         else:
-            out += _secret_paths(v, f"{prefix}.{k}" if isinstance(k, str) else f"{prefix}[{k}]")
+            out += _secret_paths(v, f"{prefix}.{_key_shown(k)}" if isinstance(k, str)
+                                 else f"{prefix}[{k}]")
     return out
 
 
@@ -140,7 +148,12 @@ class MirrorSettings(BaseModel):
             try:
                 CronTrigger.from_crontab(v, timezone="UTC")
             except ValueError as exc:
-                raise ValueError(f"{v!r} is not a cron expression ({exc})") from None
+                # Both cut short: a 5,000-character value was echoed whole, and APScheduler's
+                # reason repeats the field it refused (or part of it) whole, twice.
+                reason = str(exc)
+                if any(len(word.strip("'\"():,")) > SHOWN_CHARS for word in reason.split()):
+                    reason = f"a field of more than {SHOWN_CHARS} characters is not valid"
+                raise ValueError(f"{quote_value(v)} is not a cron expression ({reason})") from None
         return v
 
     @model_validator(mode="after")
@@ -209,7 +222,7 @@ class Settings(BaseModel):
 
 def _describe(loc: tuple[Any, ...], origin: Mapping[str, str], where: str) -> str:
     """`file: key`, or `$VARIABLE (key)` when the environment set the value."""
-    key = ".".join(str(p) for p in loc)
+    key = ".".join(_key_shown(str(p)) for p in loc)
     for n in range(len(loc), 0, -1):
         prefix = ".".join(str(p) for p in loc[:n])
         if prefix in origin:

@@ -8,7 +8,11 @@ import re
 
 from ckptfs.errors import ConfigError, quote_value
 
-_PART = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
+# ASCII only: \d, float() and int() also take full-width digits (U+FF10..U+FF19), Arabic-Indic
+# ones and every other script's. Nobody types those into a config file or a command line on
+# purpose; a paste that brought them in was taken as a number (a full-width zero a grace of 0:
+# prune removed superseded snapshots at once).
+_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([smhdw]?)", re.ASCII)
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
 
 
@@ -22,11 +26,12 @@ def parse_duration(text: str | float | int, *, allow_zero: bool = False,
                    limit: float | None = None) -> float:
     """Seconds in a duration; ConfigError (a ValueError) naming the text for anything else.
 
-    A bare number is seconds and may only stand last ('1h30' is refused: 30 what?). Zero is
-    refused unless `allow_zero` (an interval of 0 would spin; a grace period of 0 is a choice);
-    more than `limit` seconds too (a schedule's, MAX_SCHEDULE_SECONDS). The message quotes
-    the text cut short (`quote_value`): it comes from a config file, the environment or a
-    command line, any length.
+    A bare number is seconds and may only stand last: '1h30' is 1 h 30 s (3630), as it has
+    been since the first release, so configs that hold it keep their meaning; '30 1h' is
+    refused. Digits are ASCII 0-9 only. Zero is refused unless `allow_zero` (an interval of 0
+    would spin; a grace period of 0 is a choice); more than `limit` seconds too (a schedule's,
+    MAX_SCHEDULE_SECONDS). The message quotes the text cut short (`quote_value`): it comes from
+    a config file, the environment or a command line, any length.
     """
     if isinstance(text, int | float) and not isinstance(text, bool):
         try:
@@ -49,8 +54,10 @@ def parse_duration(text: str | float | int, *, allow_zero: bool = False,
             while pos < len(s) and s[pos] == " ":
                 pos += 1
         if not s or pos != len(s):
+            foreign = any(c.isdigit() and not c.isascii() for c in s)  # why a full-width '10s' fails
             raise ConfigError(f"{shown} is not a duration: a number with optional units s/m/h/d/w "
-                              f"(e.g. 30s, 24h, 1h30m)")
+                              f"(e.g. 30s, 24h, 1h30m)"
+                              + ("; digits must be ASCII 0-9" if foreign else ""))
     if seconds < 0 or (seconds == 0 and not allow_zero):
         raise ConfigError(f"duration {shown} must be {'zero or ' if allow_zero else ''}positive")
     if seconds == float("inf"):  # digits past a float's range ('9' * 400): no length of time
