@@ -6,7 +6,7 @@ Storage-level absence and exclusivity use the builtins (`FileNotFoundError`,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 SHOWN_CHARS = 40  # what a message quotes of a value someone gave
 
@@ -304,18 +304,30 @@ class VersionNotFoundError(CkptfsError, LookupError):
 
 
 class RunStoppedError(CkptfsError):
-    """The run stopped at a step it could not get past; its checkpoint is intact for a resume."""
+    """The run stopped at a step it could not get past; its checkpoint is intact for a resume.
+
+    `resume` says where the checkpoint leaves that step, so the message tells the truth about
+    a resume: "at_step" (it is to run, the usual stop), "past_step" (it is finished there: a
+    step removed or replaced after it finished) or "without_step" (the checkpoint never had
+    it: an added step no commit could hold). It only words the message."""
 
     def __init__(self, run_id: str, step_id: str, attempts: int, cause: BaseException,
-                 why: str = "") -> None:
+                 why: str = "", *,
+                 resume: Literal["at_step", "past_step", "without_step"] = "at_step") -> None:
         self.run_id = run_id
         self.step_id = step_id
         self.attempts = attempts
         self.cause = cause
         why = why or f"failed {attempts} time(s), last with {error_text(cause)}"  # a __str__ may raise
+        then = {
+            "at_step": f"resume_run({run_id!r}) continues at this step",
+            "past_step": f"the step is finished there, so resume_run({run_id!r}) goes on past it "
+                         "without running it again",
+            "without_step": f"the step is not in it, so resume_run({run_id!r}) goes on without it",
+        }[resume]
         super().__init__(
             f"run {run_id!r}: step {step_id!r} {why}. The run is stopped with its checkpoint "
-            f"intact; resume_run({run_id!r}) continues at this step")
+            f"intact; {then}")
 
 
 class RetriesExhaustedError(RunStoppedError):

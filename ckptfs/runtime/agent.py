@@ -36,14 +36,13 @@ from collections.abc import Callable
 from typing import Any
 
 from ckptfs.errors import (
-    InvalidGraphError,
     RetriesExhaustedError,
     RunStoppedError,
     StorageUnavailableError,
     UnstorableValueError,
     error_text,
 )
-from ckptfs.format.models import AgentRun, Step, StepStatus, ToolCall
+from ckptfs.format.models import TERMINAL_STATUSES, AgentRun, Step, StepStatus, ToolCall
 from ckptfs.runtime.execution import (
     AsyncExecutor,
     Execution,
@@ -279,9 +278,10 @@ class CheckpointedAgent:
         step keeps failing (policy "stop") and RunStoppedError when an irreversible call's
         outcome is unknown or the executor returns (or leaves in its step) a value the store
         cannot keep, all after committing the stop; a pause returns early. Steps the executor
-        adds to the run are run too, committed with its step; one no commit could hold (an
-        unknown dependency, a cycle) or one it removes stops the run (no commit can remove it),
-        and so does one it adds under an id the run already has (it replaced that step).
+        adds to the run are run too, committed with its step; one no commit could hold (not a
+        Step under its own id, an unknown dependency, a cycle) or one it removes stops the run
+        (no commit can remove it), and so does one it adds under an id the run already has (it
+        replaced that step).
         """
         ex = self._begin(run, on_progress)
         try:
@@ -329,6 +329,8 @@ class CheckpointedAgent:
             plan = self._after_success(ex, step, out, tokens0, cost0)
         finally:
             CURRENT_STEP.reset(token)
+        if ex.replaced:  # one put back while it ran: its stop, now its outcome is known
+            self._replaced(ex)
         if plan:
             self._commit(ex, plan, charge=step)
         self._release(ex, step)
@@ -409,6 +411,8 @@ class CheckpointedAgent:
             plan = self._after_failure(ex, step, exc, tokens0, cost0)
         else:
             plan = self._after_success(ex, step, out, tokens0, cost0)
+        if ex.replaced:  # one put back while it ran: its stop, now its outcome is known
+            self._replaced(ex)
         if plan:
             await self._acommit(ex, plan, charge=step)
         self._release(ex, step)  # only now: its completion is durable (when the policy commits)
@@ -632,12 +636,17 @@ class CheckpointedAgent:
 
         Met as a bare KeyError out of execute_run, the run left "running". No commit can
         remove a step (a commit writes steps, it deletes none), so the store keeps it as last
-        saved and a resume runs it: the run stops saying so rather than finish without it.
+        saved and a resume runs it, unless it had finished: the run stops saying so rather
+        than finish without it.
         """
+        held = ex.held.get(sid)
+        done = held.status.value if held is not None and held.status in TERMINAL_STATUSES else ""
         why = ("was removed from run.steps while the run was executing; no commit removes a "
-               "step, so the store keeps it as last saved (put it back, or let it run)")
+               "step, so the store keeps it as last saved "
+               + (f"({done}: put it back)" if done else "(put it back, or let it run)"))
         error = RunStoppedError(ex.run.run_id, sid, ex.attempts.get(sid, 0),
-                                LookupError(f"step {sid!r} is not in run.steps"), why)
+                                LookupError(f"step {sid!r} is not in run.steps"), why,
+                                resume="past_step" if done else "at_step")
         if ex.stop_error is None:
             self._record_stop(ex, sid, None, why, error)
         else:  # stopping already: this one is told, not raised
@@ -663,8 +672,8 @@ class CheckpointedAgent:
         if added:
             logger.info("run %s: %d step(s) added during execution, %d ready", ex.run.run_id,
                         len(added), len(ex.ready))
-        for step, why in refused:
-            self._refused_added(ex, step, why)
+        for sid, why, cause in refused:
+            self._refused_added(ex, sid, why, cause)
         if ran is not None:
             ex.live(ran.id)  # its executor, the likeliest to have added its own id again
         replaced = self._replaced(ex)
@@ -688,32 +697,41 @@ class CheckpointedAgent:
         with nothing saying why; that of a pending one ran on the replaced step's schedule and
         was committed, its graph unchecked. The step the schedule has is put back in the run,
         as the store keeps it (what it acknowledged stays committed), and the run stops naming
-        it, as for `_refused_added`."""
+        it, as for `_refused_added`. A step being run is put back at once, but its stop waits
+        for its attempt's end (`_run_step` asks again), which decides what the store keeps of it:
+        the error says whether a resume runs it."""
         sids, ex.replaced = ex.replaced, []
         for sid in sids:
-            ex.run.steps[sid] = ex.held[sid]
+            held = ex.run.steps[sid] = ex.held[sid]
+            if sid in ex.running:
+                ex.replaced.append(sid)
+                continue
             why = ("was replaced by a step with the same id during execution (run.add_step of an "
                    "id the run already has); the step as the run had it was put back, as the "
                    "store keeps it (give new work a new id)")
             error = RunStoppedError(ex.run.run_id, sid, ex.attempts.get(sid, 0),
-                                    ValueError(f"step id {sid!r} was added again"), why)
+                                    ValueError(f"step id {sid!r} was added again"), why,
+                                    resume="past_step" if held.status in TERMINAL_STATUSES
+                                    else "at_step")
             if ex.stop_error is None:
                 self._record_stop(ex, sid, None, why, error)
             else:  # stopping already: this one is told, not raised
                 logger.error("%s", error)
         return bool(sids)
 
-    def _refused_added(self, ex: Execution, step: Step, why: str) -> None:
-        """Stop the run for a step added with a graph no commit could hold (`Execution.reconcile`
-        took it back out of `run.steps`). Committed, the store refused it with the whole batch,
-        and the crash flush's too: InvalidGraphError out of execute_run, the run left "running"
-        and, under every-n, the acknowledged steps not yet committed lost."""
+    def _refused_added(self, ex: Execution, sid: str, why: str, cause: Exception) -> None:
+        """Stop the run for what was added under `sid` that no commit could hold: not a Step,
+        a Step under another id, a graph the store refuses (`Execution.reconcile` took it back
+        out of `run.steps`, so the run is as the store has it). Committed, the store refused
+        the whole batch, and the crash flush's too (or, a dict, the schedule met it first as
+        AttributeError): the error out of execute_run, the run left "running" and, under
+        every-n, the acknowledged steps not yet committed lost."""
         text = f"was added to the run during execution but {why}, so no commit could hold it: " \
-               "it was taken out of run.steps again (add it with dependencies on steps of the run)"
-        error = RunStoppedError(ex.run.run_id, step.id, 0, InvalidGraphError(
-            f"run {ex.run.run_id!r}: added step {step.id!r} {why}"), text)
+               "it was taken out of run.steps again (add a Step under its own id, with " \
+               "dependencies on steps of the run: run.add_step(Step(...)))"
+        error = RunStoppedError(ex.run.run_id, sid, 0, cause, text, resume="without_step")
         if ex.stop_error is None:
-            self._record_stop(ex, step.id, None, text, error)
+            self._record_stop(ex, sid, None, text, error)
         else:  # stopping already: this one is told, not raised
             logger.error("%s", error)
 

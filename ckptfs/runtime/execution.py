@@ -16,11 +16,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfs.errors import NonFiniteValueError, RunStoppedError, UnstorableValueError, error_text
+from ckptfs.errors import (
+    InvalidGraphError,
+    NonFiniteValueError,
+    RunStoppedError,
+    UnstorableValueError,
+    error_text,
+)
 from ckptfs.format import codec
 from ckptfs.format.models import AgentRun, Step, StepStatus, ToolCall, find_cycle
 from ckptfs.runtime.policy import CheckpointPolicy, RetryPolicy
 from ckptfs.runtime.resume import SKIP_REASON
+from ckptfs.store.values import ValuePlanner
 
 
 @dataclass
@@ -157,12 +164,12 @@ class Execution:
             if left == 0 and step is not None and step.status == StepStatus.PENDING:
                 self.ready.append(d)
 
-    def reconcile(self) -> tuple[list[Step], list[str], list[tuple[Step, str]]]:
+    def reconcile(self) -> tuple[list[Step], list[str], list[tuple[str, str, Exception]]]:
         """Steps added to the run since the schedule was last brought up to date, now scheduled;
-        the ids of the steps removed from it (all of them, each time); and added steps no commit
-        could hold, with why (taken back out of the run, unscheduled). Asked each time an
-        executor returns, so that what it added goes into the same commit as its step, and once
-        nothing is left to run.
+        the ids of the steps removed from it (all of them, each time); and the keys of added
+        entries no commit could hold, with why and the refusal (taken back out of the run,
+        unscheduled; see `_refuse_unholdable`). Asked each time an executor returns, so that
+        what it added goes into the same commit as its step, and once nothing is left to run.
 
         An executor can plan more work (`run.add_step(...)`), as the seed's loop over
         `get_ready_steps()` allowed. Asked only once nothing was left to run, such a step was
@@ -185,23 +192,22 @@ class Execution:
         n = len(steps)
         if n == expected and (not n or next(reversed(steps)) in known):
             return [], list(self.removed), []
-        added: list[Step] = []
+        new_keys: list[str] = []
         for sid in reversed(steps):
             if sid in known:
                 break
-            added.append(steps[sid])
-        added.reverse()
-        if n - len(added) != expected:  # another removal, or an id removed and put back
+            new_keys.append(sid)
+        new_keys.reverse()
+        if n - len(new_keys) != expected:  # another removal, or an id removed and put back
             self.removed = [sid for sid in known if sid not in steps]
-            seen = {s.id for s in added}
-            added += [s for sid, s in steps.items() if sid not in known and sid not in seen]
+            seen = set(new_keys)
+            new_keys += [sid for sid in steps if sid not in known and sid not in seen]
         removed = list(self.removed)
-        refused = self._refuse_unholdable(added)
-        for step, _ in refused:
-            del steps[step.id]
-        if refused:
-            gone = {s.id for s, _ in refused}
-            added = [s for s in added if s.id not in gone]
+        refused = self._refuse_unholdable(new_keys)
+        for sid, _, _ in refused:  # by its key: a Step filed under another id is refused too
+            del steps[sid]
+        gone = {sid for sid, _, _ in refused}
+        added = [steps[sid] for sid in new_keys if sid not in gone]
         held = self.held
         for step in added:
             known[step.id] = []
@@ -230,15 +236,37 @@ class Execution:
         new = {s.id for s in added}
         return added + [s for s in skipped if s.id not in new], removed, refused
 
-    def _refuse_unholdable(self, added: list[Step]) -> list[tuple[Step, str]]:
-        """The added steps the store's graph check would refuse, with why: one depending on
-        itself, on no step of the run, on such a step, or on a cycle; one COMPLETED without a
-        result. Committed with the others, it made the store refuse the whole commit (and the
-        crash flush's after it): InvalidGraphError out of execute_run, the run left "running"
-        and, under every-n, the acknowledged steps of the batch lost. Only the added steps are
-        looked at (a cycle must go through one of them): O(added)."""
+    def _refuse_unholdable(self, keys: list[str]) -> list[tuple[str, str, Exception]]:
+        """The entries added under `keys` that no commit could hold, with why and the refusal.
+
+        Not a Step (`run.steps["x"] = {...}`, or None: AgentRun does not validate assignment),
+        it is what the store refuses by name (`ValuePlanner.require_step`); the schedule met it
+        first, as AttributeError out of execute_run with the run left "running". A Step filed
+        under a key that is not its id: a commit writes a step under its id, so the store got a
+        step the run does not have under that name (and the schedule never ran it). A Step the
+        store's graph check would refuse: one depending on itself, on no step of the run, on
+        such a step, or on a cycle; one COMPLETED without a result. Committed with the others,
+        it made the store refuse the whole commit (and the crash flush's after it):
+        InvalidGraphError out of execute_run, the run left "running" and, under every-n, the
+        acknowledged steps of the batch lost. Only the added entries are looked at (a cycle
+        must go through one of them): O(added)."""
+        run_id = self.run.run_id
         steps = self.run.steps
-        bad: dict[str, str] = {}
+        misfiled: dict[str, tuple[str, Exception]] = {}
+        added: list[Step] = []
+        for key in keys:
+            entry: object = steps[key]
+            if not isinstance(entry, Step):
+                try:
+                    ValuePlanner.require_step(run_id, entry, key)
+                except UnstorableValueError as exc:
+                    misfiled[key] = (f"is a {type(entry).__name__}, not a Step", exc)
+            elif entry.id != key:
+                misfiled[key] = (f"is a Step whose id is {entry.id!r}, not the key it was put "
+                                 "under", ValueError(f"run.steps[{key!r}] holds step {entry.id!r}"))
+            else:
+                added.append(entry)
+        bad: dict[str, str] = {k: why for k, (why, _) in misfiled.items()}
         for step in added:
             if step.status == StepStatus.COMPLETED and step.result is None:
                 bad[step.id] = "is COMPLETED without a result"
@@ -261,7 +289,8 @@ class Execution:
                     if dep is not None:
                         bad[step.id] = f"depends on {dep!r}, which was refused too"
                         grew = True
-        return [(s, bad[s.id]) for s in added if s.id in bad]
+        return [(k, bad[k], misfiled[k][1] if k in misfiled else InvalidGraphError(
+                    f"run {run_id!r}: added step {k!r} {bad[k]}")) for k in keys if k in bad]
 
     def skip_downstream(self, sid: str) -> list[Step]:
         """Pending steps downstream of a failed one become SKIPPED, each naming the failed step."""
