@@ -11,7 +11,9 @@ Retention runs here too, from what the compactor knows instead of a listing: the
 wrote (and the one the run was loaded from) are the valid ones, the deltas it wrote and the
 journal range are the files; only the first pass of a process lists the run once for what
 earlier processes left, and counts their snapshots (each checked) towards `keep_last`, so a
-process too short-lived to write that many of its own still retires what is below them.
+process too short-lived to write that many of its own still retires what is below them; on a
+fencing store it also reads the store's times of their journal records (a few HEADs), so one
+too short-lived to see their fence time pass still removes those whose time is up.
 Deletes go in batches (store/retention.py decides what, how long a remote store keeps journal
 records as fences, and how long a superseded snapshot stays for readers that listed it).
 Compaction is an optimisation: a failure is logged, commits go on, and loads fall back to the
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import importlib
 import logging
 import math
 import numbers
@@ -37,7 +40,13 @@ from ckptfs.format import codec
 from ckptfs.format.changes import Changes
 from ckptfs.format.keys import RunFile, delta_key, log_key, parse_run_key, run_prefix, snap_key
 from ckptfs.storage.base import Storage
-from ckptfs.store.retention import doomed_files, grace_floor, keeps_fences, store_age
+from ckptfs.store.retention import (
+    doomed_files,
+    fence_floor,
+    grace_floor,
+    keeps_fences,
+    store_age,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -55,18 +64,95 @@ def seconds_value(owner: str, name: str, value: object) -> float:
     `superseded_grace=True` was taken as a grace of 1 s, a Decimal was kept and compared with
     floats on every retention, and 10**400 raised a bare OverflowError. A real that is no
     float (numpy.float64, a Fraction) is taken, as a float."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{owner}: {name} must be a number of seconds, got "
-                        f"{quote_value(repr(value))} ({type(value).__name__})")
-    try:
-        seconds = float(value)
-    except (OverflowError, TypeError, ValueError):  # an int past a float's range
-        seconds = math.inf
+    seconds = _real(owner, name, value, "a number of seconds")
     if not (math.isfinite(seconds) and seconds >= 0):
-        huge = isinstance(value, int) and seconds == math.inf  # repr() may refuse it
-        shown = "an int past a float's range" if huge else quote_value(repr(value))
-        raise ConfigError(f"{owner}: {name} must be finite and >= 0, got {shown}")
+        raise ConfigError(f"{owner}: {name} must be finite and >= 0, got {_shown(value, seconds)}")
     return seconds
+
+
+def _real(owner: str, name: str, value: object, what: str) -> float:
+    """`value` as a float (inf for an int past a float's range), or a TypeError naming the
+    field unless it is a real number and no bool."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{owner}: {name} must be {what}, got {quote_value(repr(value))} "
+                        f"({type(value).__name__})")
+    try:
+        return float(value)
+    except (OverflowError, TypeError, ValueError):  # an int past a float's range
+        return math.inf
+
+
+def _shown(value: object, as_float: float) -> str:
+    """`value` for a message; an int past a float's range is described (repr() may refuse it:
+    str() of an int past 4,300 digits raises ValueError)."""
+    if isinstance(value, int) and as_float == math.inf:
+        return "an int past a float's range"
+    return quote_value(repr(value))
+
+
+def _whole(name: str, value: object, least: int) -> int:
+    """`value` as an int >= `least`, or an error naming CompactionPolicy's `name`: a bool is a
+    mistake, not 1 (`keep_last=True` kept one snapshot), and a float is refused where it
+    would fail later, in the compactor thread (`fanout=16.0` slices the merge stack, where
+    each commit's compaction then raised TypeError and was only logged). An Integral that is
+    no int (numpy.int64) is taken, as an int."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"CompactionPolicy: {name} must be a whole number, got "
+                        f"{quote_value(repr(value))} ({type(value).__name__})")
+    whole = int(value)
+    if whole < least:
+        digits = int(whole.bit_length() * math.log10(2)) + 1  # str() refuses past 4,300
+        shown = f"{whole}" if whole.bit_length() <= 64 else f"an int of about {digits} digits"
+        raise ConfigError(f"CompactionPolicy: {name} must be >= {least}, got {shown}")
+    return whole
+
+
+# Compactors whose thread ran in this process, for `_flush_at_exit`; weak, as in `Compactor`.
+_started: weakref.WeakSet[Compactor] = weakref.WeakSet()
+_exit_lock = threading.Lock()
+_exit_hooked = False
+EXIT_FLUSH_SECONDS = 10.0  # for all of them together (the store's atexit flush: 10 s each)
+
+
+def _flush_at_exit() -> None:
+    """Finish the compaction still pending when the interpreter exits, while S3 can still be
+    reached: from threading's exit hooks, which run before `concurrent.futures` stops its
+    pools and before any atexit handler.
+
+    From a plain atexit handler (the store's) it failed on S3, every request of it: s3fs's
+    atexit finalizer, registered at its first request and so after the store's handler, runs
+    first and closes the client's HTTP session; the next request opens a new one, which
+    aiobotocore builds in the event loop's default executor, and that executor stopped
+    taking work when `concurrent.futures` shut its pools ("cannot schedule new futures after
+    shutdown", logged once per pending record, and the deltas and snapshots were lost)."""
+    deadline = time.monotonic() + EXIT_FLUSH_SECONDS
+    with _exit_lock:  # a WeakSet refuses to be iterated while another thread adds to it
+        started = list(_started)
+    for compactor in started:
+        left = deadline - time.monotonic()
+        if left <= 0 or not compactor.flush(left):
+            logger.info("ckptfs compactor: exiting with compaction pending; loads read the "
+                        "journal records instead")
+            return
+
+
+def _hook_exit(compactor: Compactor) -> None:
+    """Have `_flush_at_exit` flush `compactor` (the hook itself is registered once)."""
+    global _exit_hooked
+    with _exit_lock:
+        _started.add(compactor)
+        register: Callable[[Callable[[], None]], None] | None = getattr(
+            threading, "_register_atexit", None)  # CPython >= 3.9; else the store's atexit flush
+        if _exit_hooked or register is None:
+            return
+        # threading runs its exit hooks newest first: registered after concurrent.futures' own
+        # (made at that module's import), this one runs before the pools stop
+        importlib.import_module("concurrent.futures.thread")
+        try:
+            register(_flush_at_exit)
+        except RuntimeError:  # started while the interpreter is exiting: too late to register
+            return
+        _exit_hooked = True
 
 
 # encode(kind, run_id, version, base, base_hash, hash, changes, summary) -> file bytes
@@ -105,12 +191,25 @@ class CompactionPolicy:
     background: bool = True
 
     def __post_init__(self) -> None:
-        if self.fanout < 2 or self.max_plan < 2 or self.keep_last < 0:
-            raise ValueError("CompactionPolicy: fanout and max_plan must be >= 2, keep_last >= 0")
-        if not self.snapshot_ratio > 0 or not self.fence_seconds >= 0:
-            raise ValueError("CompactionPolicy: snapshot_ratio must be > 0, fence_seconds >= 0")
-        grace = seconds_value("CompactionPolicy", "superseded_grace", self.superseded_grace)
-        object.__setattr__(self, "superseded_grace", grace)  # frozen: the checked float
+        # Each field checked alone, by name, and kept as the checked int or float (frozen:
+        # set through object.__setattr__): `fence_seconds=True` was a fence of 1 s, an infinite
+        # snapshot_ratio meant no snapshot by size ever, and a NaN min_snapshot_bytes none at all.
+        checked: dict[str, object] = {
+            "fanout": _whole("fanout", self.fanout, 2),
+            "max_plan": _whole("max_plan", self.max_plan, 2),
+            "keep_last": _whole("keep_last", self.keep_last, 0),
+            "min_snapshot_bytes": _whole("min_snapshot_bytes", self.min_snapshot_bytes, 0),
+            "fence_seconds": seconds_value("CompactionPolicy", "fence_seconds", self.fence_seconds),
+            "superseded_grace": seconds_value("CompactionPolicy", "superseded_grace",
+                                              self.superseded_grace),
+        }
+        ratio = _real("CompactionPolicy", "snapshot_ratio", self.snapshot_ratio, "a number")
+        if not (math.isfinite(ratio) and ratio > 0):
+            raise ConfigError("CompactionPolicy: snapshot_ratio must be finite and > 0, got "
+                              f"{_shown(self.snapshot_ratio, ratio)}")
+        checked["snapshot_ratio"] = ratio
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
 
 
 @dataclass
@@ -204,6 +303,7 @@ class Compactor:
                 self._thread = threading.Thread(target=self._loop, name="ckptfs-compactor",
                                                 daemon=True)
                 self._thread.start()
+                _hook_exit(self)
             elif kind != "commit" or len(self._pending) >= self.BATCH:
                 self._cv.notify_all()
 
@@ -211,7 +311,7 @@ class Compactor:
         """Wait until everything submitted is handled; False if `timeout` passed first."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cv:
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():  # none, or a parent's (fork)
                 return not self._pending
             self._cv.notify_all()  # the thread takes what is pending now, not at its next tick
             while self._pending or self._working:
@@ -410,6 +510,7 @@ class Compactor:
             return
         lowest: int | None = None
         listed_snaps: set[int] = set()
+        listed_logs: list[int] = []
         if not rc.listed:  # once per process: what earlier processes left below
             rc.listed = True
             listed = [rf for key in self._storage.list(run_prefix(run_id))
@@ -417,7 +518,8 @@ class Compactor:
             self._adopt(run_id, rc, listed, keep)
             known = {f.key for f in rc.files} | {snap_key(run_id, v) for v, _t in rc.snapshots}
             rc.files += [rf for rf in listed if rf.kind != "log" and rf.key not in known]
-            lowest = min((rf.version for rf in listed if rf.kind == "log"), default=-1)
+            listed_logs = [rf.version for rf in listed if rf.kind == "log"]
+            lowest = min(listed_logs, default=-1)
             listed_snaps = {rf.version for rf in listed if rf.kind == "snap"}
         if len(rc.snapshots) < keep:
             return
@@ -429,6 +531,8 @@ class Compactor:
             now, wait = time.monotonic(), self._policy.fence_seconds
             logs_upto = max((v for v, t in rc.covers if v <= oldest and now - t >= wait),
                             default=rc.logs_gone)
+            if listed_logs:
+                logs_upto = max(logs_upto, self._aged_fences(run_id, rc, listed_logs, oldest))
         own = [RunFile(v, "snap", v, snap_key(run_id, v)) for v, _t in rc.snapshots if v < oldest]
         doomed = doomed_files([*own, *rc.files], oldest, 0)
         logs = [log_key(run_id, v) for v in range(rc.logs_gone + 1, logs_upto + 1)]
@@ -444,6 +548,31 @@ class Compactor:
         rc.covers = [(v, t) for v, t in rc.covers if v > rc.logs_gone]
         logger.debug("run %s: retention removed %d files (oldest kept snapshot v%d)", run_id,
                      len(doomed) + len(logs), oldest)
+
+    def _aged_fences(self, run_id: str, rc: RunCompaction, logs: list[int], oldest: int) -> int:
+        """The newest listed journal record at or below `oldest` that the store says was written
+        more than fence_seconds ago (`fence_floor`, a few HEADs), or 0: the listing pass's way to
+        retire what earlier processes left.
+
+        Their snapshots' fences count from this process's adoption (`_adopt`), so a writer that
+        lives less than fence_seconds never removed a record: every restart adopted them anew
+        and exited before the wait was over (46 records left by 15 short writers on S3, for an
+        operator's prune to find). The record's own time says how long it has stood.
+
+        Ages are on the store's clock where it runs behind ours: the snapshot this pass follows
+        was just written, so its time is the store's now, and the wait grows by the lag. A
+        machine whose clock ran ahead would otherwise take young fences for old ones; a store
+        clock ahead of ours only makes records look younger (`fence_floor`: one dated ahead is
+        never old)."""
+        wait = self._policy.fence_seconds
+        try:
+            store_now = self._storage.modified(snap_key(run_id, rc.version))
+            lag = max(0.0, time.time() - store_now)
+            return fence_floor(self._storage, run_id, logs, oldest, wait + lag)
+        except (NotImplementedError, OSError) as exc:  # no times, or none now: fences count on
+            logger.debug("run %s: journal records' times unknown (%s); they go fence_seconds "
+                         "after this process learned of their snapshots", run_id, exc)
+            return 0
 
     def _grace_floor(self, run_id: str, rc: RunCompaction, oldest: int, listed: set[int]) -> int:
         """The oldest snapshot retention keeps: `oldest`, or lower while the snapshot above is
