@@ -28,7 +28,7 @@ from typing import Any
 
 from ckptfs.errors import RunStoppedError, UnstorableValueError, error_text
 from ckptfs.format import codec
-from ckptfs.format.models import AgentRun, Step
+from ckptfs.format.models import TERMINAL_STATUSES, AgentRun, Step
 from ckptfs.runtime.execution import Execution
 from ckptfs.store.checkpoint_store import CheckpointStore
 from ckptfs.store.values import ValuePlanner
@@ -176,8 +176,12 @@ def spoiled_stop(store: CheckpointStore, ex: Execution, steps: list[Step],
         why = (f"holds a value the store cannot keep ({exc.field}: {exc.reason}), put in it "
                f"after it was {named.status.value}, by an executor or a progress callback; "
                f"that field {how}")
+    # Committed with the batch, a finished step stays finished in the checkpoint: a resume
+    # goes on past it. Left out, the store keeps it as its last commit left it, to run again.
+    past = named.status in TERMINAL_STATUSES and not left_out
     return RefusalStop(named, RunStoppedError(
-        run_id, named.id, ex.attempts.get(named.id, named.attempt_count), exc, why), left_out)
+        run_id, named.id, ex.attempts.get(named.id, named.attempt_count), exc, why,
+        resume="past_step" if past else "at_step"), left_out)
 
 
 def put_back(store: CheckpointStore, ex: Execution, step: Step | None,

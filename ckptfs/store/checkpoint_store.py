@@ -510,7 +510,7 @@ class CheckpointStore:
         if steps is None:
             return self.save_run(run)
         return self._commit_steps(run.run_id, run,
-                                  [run.steps[s] if isinstance(s, str) else s for s in steps])
+                                  [self._values.require_given(run, s) for s in steps])
 
     def commit_many(self, parts: Sequence[GroupPart]) -> None:
         """Several callers' commits to one run as ONE journal record (group commit).
@@ -680,10 +680,12 @@ class CheckpointStore:
         """
         run.updated_at = time.time()
         with self._lock(run.run_id):
-            changed = self._head(run.run_id).changed_steps(run)
+            head = self._head(run.run_id)
+            changed = head.changed_steps(run)
             if changed is None:
                 self._values.require_steps(run)
                 return self._commit_steps(run.run_id, run, run.steps.values(), full=True)
+            self._values.require_filed(run, changed, head.steps_cmp)  # a step appended under another id
             return self._commit_steps(run.run_id, run, changed)
 
     def save_step_checkpoint(self, run_id: str, step: Step) -> int:

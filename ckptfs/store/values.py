@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,12 +79,22 @@ class ValuePlanner:
 
     @staticmethod
     def require_step(run_id: str, step: object, key: str | None = None) -> Step:
-        """`step` itself when it is a Step. AgentRun does not validate assignment, so
-        `run.steps["b"] = {...}` keeps a plain dict, which the commit path would meet as an
-        AttributeError naming neither the step nor the mistake. `key`: where it sits in
-        `run.steps`, the name the caller used (None or a ToolCall has no id to go by)."""
+        """`step` itself when it is a Step filed under its own id. AgentRun does not validate
+        assignment, so `run.steps["b"] = {...}` keeps a plain dict, which the commit path would
+        meet as an AttributeError naming neither the step nor the mistake. `key`: where it sits
+        in `run.steps`, the name the caller used (None or a ToolCall has no id to go by).
+
+        A Step under a key that is not its id (`run.steps["x"] = Step(id="y")`) is refused
+        too: a commit writes a step under its id, so it would acknowledge "x" and a load would
+        return "y" instead."""
         if isinstance(step, Step):
-            return step
+            if key is None or step.id == key:
+                return step
+            raise UnstorableValueError(
+                run_id, key, "steps",
+                f"step {key!r} is a Step whose id is {step.id!r}: a commit writes a step under "
+                f"its id, so a load would return {step.id!r}, not {key!r}; put a Step in "
+                "run.steps under its own id (run.add_step(step))")
         sid = step.get("id") if isinstance(step, dict) else None
         sid = sid if isinstance(sid, str) else None
         name = key if key is not None else sid
@@ -100,8 +110,39 @@ class ValuePlanner:
     def require_steps(cls, run: AgentRun) -> None:
         """`require_step` for every step of `run`, by its key."""
         for key, step in run.steps.items():
-            if not isinstance(step, Step):
+            if not isinstance(step, Step) or step.id != key:
                 cls.require_step(run.run_id, step, key)
+
+    @classmethod
+    def require_given(cls, run: AgentRun, given: object) -> Step:
+        """A step `commit(run, steps)` was given, by key or as a Step, checked as `require_step`
+        does with the key it has in `run.steps`. O(1) for a key, or for a Step whose id the run
+        has (what the runtime commits); only a Step whose id is no key of the run (one never
+        added, or filed under another key) costs a search of the run for its key."""
+        if isinstance(given, str):
+            return cls.require_step(run.run_id, run.steps[given], given)
+        if not isinstance(given, Step) or given.id in run.steps:
+            return cls.require_step(run.run_id, given)
+        key = next((k for k, s in run.steps.items() if s is given), None)
+        return cls.require_step(run.run_id, given, key)
+
+    @classmethod
+    def require_filed(cls, run: AgentRun, steps: Iterable[Step], stored: Collection[str]) -> None:
+        """`require_steps(run)`, at the cost of `steps` unless something is misfiled: `steps`
+        are those of `run` that may differ from what is stored (`Head.changed_steps`), `stored`
+        the ids the store holds. Each must be the run's step under its id, and the run must
+        have as many keys as the store will have ids; otherwise a key of the run holds a step
+        under another id (or the same Step twice), and the whole run is looked at, which
+        names it."""
+        new: set[str] = set()
+        for s in steps:
+            if run.steps.get(s.id) is not s:
+                cls.require_steps(run)
+                return
+            if s.id not in stored:
+                new.add(s.id)
+        if len(run.steps) != len(stored) + len(new):
+            cls.require_steps(run)
 
     @staticmethod
     def check_optional_floats(run_id: str, step: Step) -> None:
