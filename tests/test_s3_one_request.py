@@ -151,12 +151,15 @@ def test_fenced_store_verifies_mirrors_restores_and_resumes(s3: EmbeddedS3, s3_u
     assert final is not None and final.completed_count == 30
 
 
-def test_prune_removes_fences_once_their_time_is_up(s3: EmbeddedS3, s3_url: str,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prune_removes_fences_once_their_time_is_up(s3: EmbeddedS3, s3_url: str) -> None:
+    """A fence goes once the store's own clock shows it old: its time against that of the
+    run's newest journal record (retention.fence_floor), never this machine's clock alone,
+    which may run ahead of the store's. An idle run keeps its last fence_seconds of fences
+    until it writes again."""
     policy = CompactionPolicy(fanout=2, max_plan=3, min_snapshot_bytes=1, keep_last=1,
-                              fence_seconds=60, background=False)
+                              fence_seconds=2, superseded_grace=0, background=False)
     store = CheckpointStore(s3_url, s3.storage_options, policy=policy)
-    run = _run(10)
+    run = _run(11)
     store.save_run(run)
     for i in range(10):
         store.commit(run, [_finish(run, i)])
@@ -164,13 +167,14 @@ def test_prune_removes_fences_once_their_time_is_up(s3: EmbeddedS3, s3_url: str,
     assert store.storage.exists(fence)
     young = store.apply_retention("one", 1)
     assert fence not in young.deleted and store.storage.exists(fence)
-    later = time.time() + 61  # the snapshots' LastModified, judged a minute on
-    with monkeypatch.context() as m:
-        m.setattr("ckptfs.store.retention.time.time", lambda: later)
-        old = store.apply_retention("one", 1)
+    time.sleep(3.1)  # past the fence by any clock (S3 times are whole seconds)
+    idle = store.apply_retention("one", 1)  # nothing written since: the store's now is unknown
+    assert fence not in idle.deleted and store.storage.exists(fence)
+    store.commit(run, [_finish(run, 10)])  # the store's clock, read from this record, moved on
+    old = store.apply_retention("one", 1)
     assert fence in old.deleted and not store.storage.exists(fence)
     fresh = CheckpointStore(s3_url, s3.storage_options).load_run("one")
-    assert fresh is not None and fresh.completed_count == 10
+    assert fresh is not None and fresh.completed_count == 11
 
 
 def test_a_writer_whose_machine_slept_checks_its_base(s3: EmbeddedS3, s3_url: str,

@@ -57,10 +57,11 @@ from ckptfs.format.keys import (
 from ckptfs.format.models import ArtifactRef, validate_id
 from ckptfs.format.reader import collect_refs, decode_run_file
 from ckptfs.format.units import parse_duration as parse_duration
+from ckptfs.format.units import require_whole, seconds_value
 from ckptfs.storage.base import Storage
 from ckptfs.storage.registry import list_keys, open_target
 from ckptfs.store.checkpoint_store import CheckpointStore
-from ckptfs.store.compactor import DEFAULT_SUPERSEDED_GRACE, CompactionPolicy, seconds_value
+from ckptfs.store.compactor import DEFAULT_SUPERSEDED_GRACE, CompactionPolicy
 from ckptfs.store.retention import RetentionResult
 
 logger = logging.getLogger(__name__)
@@ -149,7 +150,8 @@ def prune(
     needs every run's references). An empty policy (keep_last < 1) is a ConfigError. A snapshot
     superseded less than `superseded_grace` seconds ago stays (module docstring).
     """
-    if not isinstance(keep_last, int) or keep_last < 1:
+    keep_last = require_whole("prune", "keep_last", keep_last)  # True is no count of 1
+    if keep_last < 1:
         raise ConfigError("refusing an empty retention policy: keep_last must be >= 1")
     if artifact_grace < 0:
         raise ConfigError("artifact grace period must not be negative")

@@ -9,83 +9,16 @@ how long (exponential backoff with jitter, or the `retry_after` a rate-limit err
 from __future__ import annotations
 
 import math
-import numbers
-import operator
 import random
 from dataclasses import dataclass, field
 from typing import Literal
 
 from ckptfs.format.models import Step
-from ckptfs.format.units import MAX_SCHEDULE_SECONDS
+from ckptfs.format.units import MAX_SCHEDULE_SECONDS, require_number
+from ckptfs.format.units import require_whole as require_whole  # agent.py imports it from here
 
 Granularity = Literal["tool_call", "step", "every_n", "milestone"]
 _GRANULARITIES = ("tool_call", "step", "every_n", "milestone")
-
-
-def _shown(value: object) -> str:
-    """`repr(value)` for a message, but an int too long to print (str() of an int past 4,300
-    digits raises ValueError) is described by its size."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 1000:
-        return f"an int of about {int(value.bit_length() * math.log10(2)) + 1} digits"
-    return repr(value)
-
-
-def require_whole(owner: str, name: str, value: object, least: int | None = None) -> int:
-    """`value` as an int; TypeError/ValueError naming `owner.name` unless it is a whole number
-    (>= `least`, if given).
-
-    Checked when a policy is built, not when it is used: a count of "3" raised a bare
-    TypeError from a comparison deep inside execute_run (the run left "running"), and a bool
-    is refused because `max_attempts=True` is a mistake, not 1. A whole number that is not an
-    int (numpy.int64 from a config or a DataFrame: it has `__index__`, as floats and strings
-    do not) was always taken before these checks, so it still is, returned as a plain int.
-    """
-    if isinstance(value, bool) or not isinstance(value, int):
-        whole: int | None = None
-        if not isinstance(value, bool) and hasattr(type(value), "__index__"):
-            try:
-                whole = operator.index(value)  # type: ignore[arg-type]
-            except TypeError:  # numpy.bool_ has one that refuses
-                whole = None
-        if whole is None or isinstance(whole, bool):
-            raise TypeError(f"{owner}: {name} must be a whole number, got {_shown(value)} "
-                            f"({type(value).__name__})")
-        value = int(whole)
-    if least is not None and value < least:
-        raise ValueError(f"{owner}: {name} must be >= {least}, got {_shown(value)}")
-    return value
-
-
-def require_number(owner: str, name: str, value: object, least: float,
-                   most: float | None = None, unit: str = "") -> int | float:
-    """`value`, as an int or float; TypeError/ValueError naming `owner.name` unless it is a
-    finite real in [least, most].
-
-    NaN passes every `<` check (a NaN max_delay was accepted, and every delay became NaN,
-    which time.sleep refuses mid-run); an infinite delay sleeps forever or overflows, and so
-    does an int past a float (10**400). So only finite numbers are taken, and a bool
-    (`jitter=True`) is a mistake, not 1.0. Another real (numpy.float32, numpy.int64, a
-    Fraction: `numbers.Real`) worked before these checks and still does, as a float; a
-    Decimal is not a Real (its arithmetic with the float multiplier raises) and is refused.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{owner}: {name} must be a number, got {value!r} ({type(value).__name__})")
-    if not isinstance(value, int | float):
-        try:
-            value = float(value)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise TypeError(f"{owner}: {name} must be a number, got {value!r} "
-                            f"({type(value).__name__})") from exc
-    try:
-        finite = math.isfinite(value)
-    except OverflowError:  # an int no float can hold
-        finite = False
-    if not finite:
-        raise ValueError(f"{owner}: {name} must be a finite number, got {_shown(value)}")
-    if value < least or (most is not None and value > most):
-        bound = f">= {least:g}" if most is None else f"within [{least:g}, {most:.0f}]"
-        raise ValueError(f"{owner}: {name} must be {bound}{unit}, got {_shown(value)}")
-    return value
 
 
 def _keep(policy: object, name: str, value: object) -> None:

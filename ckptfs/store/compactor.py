@@ -27,7 +27,6 @@ import contextlib
 import importlib
 import logging
 import math
-import numbers
 import threading
 import time
 import weakref
@@ -35,10 +34,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfs.errors import ConfigError, CorruptFileError, RecordTooLargeError, quote_value
+from ckptfs.errors import ConfigError, CorruptFileError, RecordTooLargeError
 from ckptfs.format import codec
 from ckptfs.format.changes import Changes
 from ckptfs.format.keys import RunFile, delta_key, log_key, parse_run_key, run_prefix, snap_key
+from ckptfs.format.units import require_real, require_whole, shown_number
+from ckptfs.format.units import seconds_value as seconds_value  # mirror.py imports it from here
 from ckptfs.storage.base import Storage
 from ckptfs.store.retention import (
     doomed_files,
@@ -53,58 +54,6 @@ logger = logging.getLogger(__name__)
 # CompactionPolicy.superseded_grace's default, named for the callers that take a grace of their
 # own (`ckptfs prune`, mirror-side retention) and default to what a writer keeps.
 DEFAULT_SUPERSEDED_GRACE = 60.0
-
-
-def seconds_value(owner: str, name: str, value: object) -> float:
-    """`value` as seconds (a float), or an error naming `owner`'s `name`: TypeError unless a
-    real number that is no bool, ConfigError (a ValueError) unless finite and >= 0.
-
-    One check for every grace a caller gives (`CompactionPolicy`, `prune`, `mirror`), so each
-    says the same about the same mistake, as `--superseded-grace` does on the command line:
-    `superseded_grace=True` was taken as a grace of 1 s, a Decimal was kept and compared with
-    floats on every retention, and 10**400 raised a bare OverflowError. A real that is no
-    float (numpy.float64, a Fraction) is taken, as a float."""
-    seconds = _real(owner, name, value, "a number of seconds")
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise ConfigError(f"{owner}: {name} must be finite and >= 0, got {_shown(value, seconds)}")
-    return seconds
-
-
-def _real(owner: str, name: str, value: object, what: str) -> float:
-    """`value` as a float (inf for an int past a float's range), or a TypeError naming the
-    field unless it is a real number and no bool."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{owner}: {name} must be {what}, got {quote_value(repr(value))} "
-                        f"({type(value).__name__})")
-    try:
-        return float(value)
-    except (OverflowError, TypeError, ValueError):  # an int past a float's range
-        return math.inf
-
-
-def _shown(value: object, as_float: float) -> str:
-    """`value` for a message; an int past a float's range is described (repr() may refuse it:
-    str() of an int past 4,300 digits raises ValueError)."""
-    if isinstance(value, int) and as_float == math.inf:
-        return "an int past a float's range"
-    return quote_value(repr(value))
-
-
-def _whole(name: str, value: object, least: int) -> int:
-    """`value` as an int >= `least`, or an error naming CompactionPolicy's `name`: a bool is a
-    mistake, not 1 (`keep_last=True` kept one snapshot), and a float is refused where it
-    would fail later, in the compactor thread (`fanout=16.0` slices the merge stack, where
-    each commit's compaction then raised TypeError and was only logged). An Integral that is
-    no int (numpy.int64) is taken, as an int."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"CompactionPolicy: {name} must be a whole number, got "
-                        f"{quote_value(repr(value))} ({type(value).__name__})")
-    whole = int(value)
-    if whole < least:
-        digits = int(whole.bit_length() * math.log10(2)) + 1  # str() refuses past 4,300
-        shown = f"{whole}" if whole.bit_length() <= 64 else f"an int of about {digits} digits"
-        raise ConfigError(f"CompactionPolicy: {name} must be >= {least}, got {shown}")
-    return whole
 
 
 # Compactors whose thread ran in this process, for `_flush_at_exit`; weak, as in `Compactor`.
@@ -194,19 +143,20 @@ class CompactionPolicy:
         # Each field checked alone, by name, and kept as the checked int or float (frozen:
         # set through object.__setattr__): `fence_seconds=True` was a fence of 1 s, an infinite
         # snapshot_ratio meant no snapshot by size ever, and a NaN min_snapshot_bytes none at all.
+        owner = "CompactionPolicy"
         checked: dict[str, object] = {
-            "fanout": _whole("fanout", self.fanout, 2),
-            "max_plan": _whole("max_plan", self.max_plan, 2),
-            "keep_last": _whole("keep_last", self.keep_last, 0),
-            "min_snapshot_bytes": _whole("min_snapshot_bytes", self.min_snapshot_bytes, 0),
-            "fence_seconds": seconds_value("CompactionPolicy", "fence_seconds", self.fence_seconds),
-            "superseded_grace": seconds_value("CompactionPolicy", "superseded_grace",
-                                              self.superseded_grace),
+            "fanout": require_whole(owner, "fanout", self.fanout, 2),
+            "max_plan": require_whole(owner, "max_plan", self.max_plan, 2),
+            "keep_last": require_whole(owner, "keep_last", self.keep_last, 0),
+            "min_snapshot_bytes": require_whole(owner, "min_snapshot_bytes",
+                                                self.min_snapshot_bytes, 0),
+            "fence_seconds": seconds_value(owner, "fence_seconds", self.fence_seconds),
+            "superseded_grace": seconds_value(owner, "superseded_grace", self.superseded_grace),
         }
-        ratio = _real("CompactionPolicy", "snapshot_ratio", self.snapshot_ratio, "a number")
+        ratio = require_real(owner, "snapshot_ratio", self.snapshot_ratio)
         if not (math.isfinite(ratio) and ratio > 0):
             raise ConfigError("CompactionPolicy: snapshot_ratio must be finite and > 0, got "
-                              f"{_shown(self.snapshot_ratio, ratio)}")
+                              f"{shown_number(self.snapshot_ratio)}")
         checked["snapshot_ratio"] = ratio
         for name, value in checked.items():
             object.__setattr__(self, name, value)
@@ -557,19 +507,14 @@ class Compactor:
         Their snapshots' fences count from this process's adoption (`_adopt`), so a writer that
         lives less than fence_seconds never removed a record: every restart adopted them anew
         and exited before the wait was over (46 records left by 15 short writers on S3, for an
-        operator's prune to find). The record's own time says how long it has stood.
-
-        Ages are on the store's clock where it runs behind ours: the snapshot this pass follows
-        was just written, so its time is the store's now, and the wait grows by the lag. A
-        machine whose clock ran ahead would otherwise take young fences for old ones; a store
-        clock ahead of ours only makes records look younger (`fence_floor`: one dated ahead is
-        never old)."""
-        wait = self._policy.fence_seconds
+        operator's prune to find). The record's own time says how long it has stood, against
+        the store's "now": the snapshot this pass follows was just written, so its time is as
+        good a reading of the store's clock as there is (a machine whose clock ran ahead would
+        otherwise take young fences for old ones)."""
         try:
-            store_now = self._storage.modified(snap_key(run_id, rc.version))
-            lag = max(0.0, time.time() - store_now)
-            return fence_floor(self._storage, run_id, logs, oldest, wait + lag)
-        except (NotImplementedError, OSError) as exc:  # no times, or none now: fences count on
+            return fence_floor(self._storage, run_id, logs, oldest, self._policy.fence_seconds,
+                               snap_key(run_id, rc.version))
+        except OSError as exc:  # none now: fences count on
             logger.debug("run %s: journal records' times unknown (%s); they go fence_seconds "
                          "after this process learned of their snapshots", run_id, exc)
             return 0

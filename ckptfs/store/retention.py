@@ -8,12 +8,14 @@ Journal records are also the fence of a remote store. A commit is one conditiona
 next journal key, and it fails only while that key is taken, so on S3 a pruned record stays
 where it is for at least `fence_seconds`: the writer's compactor deletes it that long after the
 snapshot covering it was written, `ckptfs prune` that long after the record itself was (by the
-store's clock). A writer that confirmed its base more recently than half of that (every writer
-that committed or loaded in the last minutes; measured on the monotonic clock and the wall
-clock, whichever says longer, because the first stops in a suspend) needs no second request to
-know its base was not pruned under it; one idle for longer, or whose PUT itself took that long,
-checks its base too (store/checkpoint_store.py). Local disk checks its base with two stats
-instead, so its records go at once.
+store's clock, `fence_floor`). The compactor's first listing pass of a run also retires, by the
+store's own times and clock through the same `fence_floor`, the records earlier processes left.
+A writer that confirmed its base more recently than half of that (every writer that committed
+or loaded in the last minutes; measured on the monotonic clock and the wall clock, whichever
+says longer, because the first stops in a suspend) needs no second request to know its base
+was not pruned under it; one idle for longer, or whose PUT itself took that long, checks its
+base too (store/checkpoint_store.py). Local disk checks its base with two stats instead, so
+its records go at once.
 
 A superseded snapshot gets a grace too (`grace_floor`). A reader lists the run, then reads the
 newest snapshot it saw and the records after it; a writer with keep_last=1 and a snapshot
@@ -35,6 +37,7 @@ shorter, never less than no grace at all.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -44,6 +47,8 @@ from ckptfs.format import codec
 from ckptfs.format.keys import RunFile, log_key
 from ckptfs.storage.base import Storage
 from ckptfs.store.loader import RunLoader
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -109,24 +114,41 @@ def store_age(modified: float, now: float, grace: float) -> float | None:
 
 
 def fence_floor(storage: Storage, run_id: str, logs: Iterable[int], oldest: int,
-                fence_seconds: float) -> int:
+                fence_seconds: float, newest: str) -> int:
     """The highest version up to which journal records may go on a fencing store: the newest
     record at or below `oldest` written more than `fence_seconds` ago by the store's own clock
-    (records are written in version order, so every one below it is older still). A binary
-    search over the records' times: a few HEADs, whatever snapshots came and went."""
-    now = time.time()
+    (records are written in version order, so every one below it is older still), or 0 while
+    that is unknown: a store without times, or `newest` gone meanwhile. A binary search over
+    the records' times: a few HEADs, whatever snapshots came and went, plus one of `newest`.
+
+    The store's "now" is the lower of this machine's clock and the time of `newest`, a file the
+    store wrote last (the snapshot the compactor just wrote; for a listing, the run's newest
+    journal record: every commit writes one). The store's clock has passed that time, so this
+    is never later than the store's now: a record counts as old only once the store itself
+    dates it `fence_seconds` before a time it has reached. Against this machine's clock alone,
+    a machine an hour ahead took every record for an hour old and removed fences a stale
+    writer's PUT was still to meet. It errs the other way only: on a run idle since its last
+    commit the records of the `fence_seconds` before that commit stay until it commits again."""
     versions = sorted(v for v in logs if v <= oldest)
-    lo, hi, best = 0, len(versions) - 1, 0
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        try:
-            old = now - storage.modified(log_key(run_id, versions[mid])) >= fence_seconds
-        except FileNotFoundError:  # deleted meanwhile (another prune): as good as old
-            old = True
-        if old:
-            best, lo = versions[mid], mid + 1
-        else:
-            hi = mid - 1
+    if not versions:
+        return 0
+    try:
+        now = min(time.time(), storage.modified(newest))
+        lo, hi, best = 0, len(versions) - 1, 0
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            try:
+                old = now - storage.modified(log_key(run_id, versions[mid])) >= fence_seconds
+            except FileNotFoundError:  # deleted meanwhile (another prune): as good as old
+                old = True
+            if old:
+                best, lo = versions[mid], mid + 1
+            else:
+                hi = mid - 1
+    except (FileNotFoundError, NotImplementedError) as exc:  # `newest` gone, or no times
+        logger.debug("run %s: the store's times unknown (%s); journal records stay as fences",
+                     run_id, exc)
+        return 0
     return best
 
 
@@ -137,7 +159,8 @@ def apply_retention(loader: RunLoader, run_id: str, keep: int, dry_run: bool = F
     `ckptfs prune` and the seed API; a writer's compactor prunes from what it knows).
 
     check="full" decodes each kept snapshot with the reader; "digest" only re-hashes the file
-    against its trailer. On a fencing store, journal records stay `fence_seconds`; a snapshot
+    against its trailer. On a fencing store, journal records stay `fence_seconds` by the
+    store's clock (`fence_floor`: its now read from the run's newest record, one HEAD); a snapshot
     superseded less than `superseded_grace` ago stays with what a load from it reads, by the
     store's times of the snapshots above it (module docstring; a few HEADs on S3). A run one
     of whose folders is no directory is left whole (`unread`).
@@ -178,9 +201,11 @@ def apply_retention(loader: RunLoader, run_id: str, keep: int, dry_run: bool = F
         oldest = grace_floor(keys, oldest, written, superseded_grace, now)
     graced = [rf.version for rf in snaps if oldest <= rf.version < valid[-1]]  # newest first
     logs_upto = oldest
-    if fence_seconds > 0 and keeps_fences(loader.storage):
-        logs_upto = fence_floor(loader.storage, run_id,
-                                (f.version for f in files if f.kind == "log"), oldest, fence_seconds)
+    logs = [f for f in files if f.kind == "log"]
+    if fence_seconds > 0 and keeps_fences(loader.storage) and logs:
+        newest = max(logs, key=lambda f: f.version).key  # the run's last commit
+        logs_upto = fence_floor(loader.storage, run_id, (f.version for f in logs), oldest,
+                                fence_seconds, newest)
     doomed = doomed_files(files, oldest, logs_upto)
     if not dry_run:
         loader.storage.delete_many([f.key for f in doomed])
