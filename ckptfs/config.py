@@ -20,10 +20,11 @@ import sys
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -32,7 +33,7 @@ from pydantic import (
     model_validator,
 )
 
-from ckptfs.errors import SHOWN_CHARS, ConfigError, StorageUnavailableError, quote_value
+from ckptfs.errors import ConfigError, StorageUnavailableError, name_cut, quote_value
 from ckptfs.format.units import MAX_SCHEDULE_SECONDS, parse_duration
 from ckptfs.storage.redact import is_secret_option, redact_options, redact_url
 from ckptfs.storage.registry import open_storage
@@ -71,13 +72,6 @@ def json_object_env(var: str, raw: str) -> dict[str, Any]:
     return value
 
 
-def _key_shown(key: str) -> str:
-    """A key as an error names it: bare, or cut short (`quote_value`) past SHOWN_CHARS. A key
-    is the file's as much as a value is: a 5,000-character unknown key made a 5,000-character
-    error."""
-    return key if len(key) <= SHOWN_CHARS else quote_value(key)
-
-
 def _secret_paths(options: Any, prefix: str) -> list[str]:
     """Where options hold a credential (`store.options.client_kwargs.headers.Authorization`),
     through tables and lists of tables at any depth."""
@@ -86,18 +80,32 @@ def _secret_paths(options: Any, prefix: str) -> list[str]:
         enumerate(options) if isinstance(options, list | tuple) else ())
     for k, v in items:
         if isinstance(k, str) and is_secret_option(k) and v is not None:
-            out.append(f"{prefix}.{_key_shown(k)}")
+            out.append(f"{prefix}.{name_cut(k)}")
         else:
-            out += _secret_paths(v, f"{prefix}.{_key_shown(k)}" if isinstance(k, str)
+            out += _secret_paths(v, f"{prefix}.{name_cut(k)}" if isinstance(k, str)
                                  else f"{prefix}[{k}]")
     return out
 
 
-def _no_bool(v: Any) -> Any:
-    """A whole-number setting given as true/false (`keep_last = true`) is a mistake, not 1."""
+def _whole_number(v: Any) -> Any:
+    """Refuse what only looks like a whole number, before pydantic reads it as one.
+
+    `keep_last = true` is a mistake, not 1. Text (every environment variable, a quoted TOML
+    value) with a '_' or a digit of another script is refused saying so: pydantic took
+    CKPTFS_KEEP_LAST=1_0 as 10 (Python's int() syntax, which no operator means in a setting)
+    and a full-width '10' as "not a valid integer", which it looks like. A TOML integer written
+    1_000 is TOML's own syntax, read by the parser, and stays as it is. Other text is left to
+    pydantic, whose message already says what is wrong with "many"."""
     if isinstance(v, bool):
         raise ValueError(f"must be a whole number, not {str(v).lower()}")
+    if isinstance(v, str) and ("_" in v or any(c.isdigit() and not c.isascii() for c in v)):
+        raise ValueError(f"must be a whole number in ASCII digits 0-9 (no '_'), got {quote_value(v)}")
     return v
+
+
+# Every integer setting is one of these: the check above lives in the type, not in a list of
+# field names a new setting could be left out of.
+WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
 
 
 class StoreSettings(BaseModel):
@@ -106,11 +114,9 @@ class StoreSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     url: str = "agent_checkpoints"
-    keep_last: int = Field(default=3, ge=1)
-    artifact_threshold: int = Field(default=64 * 1024, ge=1)
+    keep_last: WholeNumber = Field(default=3, ge=1)
+    artifact_threshold: WholeNumber = Field(default=64 * 1024, ge=1)
     options: dict[str, Any] = Field(default_factory=dict)
-
-    _whole = field_validator("keep_last", "artifact_threshold", mode="before")(_no_bool)
 
 
 class MirrorSettings(BaseModel):
@@ -119,18 +125,15 @@ class MirrorSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     url: str | None = None
-    every_n: int = Field(default=10, ge=1)
-    keep_last: int | None = Field(default=None, ge=1)
+    every_n: WholeNumber = Field(default=10, ge=1)
+    keep_last: WholeNumber | None = Field(default=None, ge=1)
     latest: bool = False
     interval: str | None = None
     cron: str | None = None
-    misfire_grace_time: int = Field(default=60, ge=1, le=MAX_SCHEDULE_SECONDS)
-    workers: int = Field(default=8, ge=1, le=128)
-    attempts: int = Field(default=6, ge=1, le=100)
+    misfire_grace_time: WholeNumber = Field(default=60, ge=1, le=MAX_SCHEDULE_SECONDS)
+    workers: WholeNumber = Field(default=8, ge=1, le=128)
+    attempts: WholeNumber = Field(default=6, ge=1, le=100)
     options: dict[str, Any] = Field(default_factory=dict)
-
-    _whole = field_validator("every_n", "keep_last", "misfire_grace_time", "workers", "attempts",
-                             mode="before")(_no_bool)
 
     @field_validator("interval")
     @classmethod
@@ -143,17 +146,10 @@ class MirrorSettings(BaseModel):
     @classmethod
     def _cron(cls, v: str | None) -> str | None:
         if v is not None:
-            from apscheduler.triggers.cron import CronTrigger
+            # imported here: loading the settings of every command should not load the mirror
+            from ckptfs.replication.job import check_cron
 
-            try:
-                CronTrigger.from_crontab(v, timezone="UTC")
-            except ValueError as exc:
-                # Both cut short: a 5,000-character value was echoed whole, and APScheduler's
-                # reason repeats the field it refused (or part of it) whole, twice.
-                reason = str(exc)
-                if any(len(word.strip("'\"():,")) > SHOWN_CHARS for word in reason.split()):
-                    reason = f"a field of more than {SHOWN_CHARS} characters is not valid"
-                raise ValueError(f"{quote_value(v)} is not a cron expression ({reason})") from None
+            check_cron(v)
         return v
 
     @model_validator(mode="after")
@@ -222,7 +218,7 @@ class Settings(BaseModel):
 
 def _describe(loc: tuple[Any, ...], origin: Mapping[str, str], where: str) -> str:
     """`file: key`, or `$VARIABLE (key)` when the environment set the value."""
-    key = ".".join(_key_shown(str(p)) for p in loc)
+    key = ".".join(name_cut(str(p)) for p in loc)
     for n in range(len(loc), 0, -1):
         prefix = ".".join(str(p) for p in loc[:n])
         if prefix in origin:

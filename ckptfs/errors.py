@@ -6,6 +6,7 @@ Storage-level absence and exclusivity use the builtins (`FileNotFoundError`,
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 SHOWN_CHARS = 40  # what a message quotes of a value someone gave
@@ -23,6 +24,42 @@ def quote_value(text: str, limit: int = SHOWN_CHARS) -> str:
     if len(text) <= limit:
         return repr(text)
     return f"{text[:limit]!r}… ({len(text)} characters)"
+
+
+NAMED_CHARS = 160  # what a message shows of a name (a URL, a settings key) before cutting it
+
+
+def name_cut(text: str) -> str:
+    """A name a caller gave (a settings key, a store URL) as a message shows it: bare, as
+    messages have always named it, up to NAMED_CHARS characters (an ordinary bucket and prefix
+    is shown whole, so an operator can tell which store it was); past that `quote_value`, so
+    the cut is visibly a cut and says the length (a 5,000-character URL, repeated by a message,
+    made it 15,000 characters long)."""
+    return text if len(text) <= NAMED_CHARS else quote_value(text, NAMED_CHARS)
+
+
+_LONG_WORD = re.compile(rf"\S{{{SHOWN_CHARS + 1},}}")
+_LONG_RUN = re.compile(rf"[^'\"()]{{{SHOWN_CHARS + 1},}}")
+
+
+def cut_long_words(text: str) -> str:
+    """Another library's message (APScheduler's reason, an fsspec backend's error) with each
+    word longer than SHOWN_CHARS cut to its start and its length.
+
+    Such a message repeats the value it refused, and parts of it, whole ("Error validating
+    expression '1-555…': the last value (555…) is higher ..."): a 5,000-character value made a
+    message three times as long. The quotes and parentheses around a value are kept, so the
+    sentence still reads; a word that is long for its quotes alone (5,000 of them) is cut whole.
+    Secrets must be scrubbed before: a cut secret is no longer found whole to hide.
+    """
+    def cut(run: str) -> str:
+        return f"{run[:SHOWN_CHARS]}… ({len(run)} characters)"
+
+    def word(m: re.Match[str]) -> str:
+        inner = _LONG_RUN.sub(lambda r: cut(r[0]), m[0])
+        return inner if len(inner) <= 3 * SHOWN_CHARS else cut(m[0])
+
+    return _LONG_WORD.sub(word, text)
 
 
 class CkptfsError(Exception):

@@ -23,7 +23,7 @@ import pytest
 from test_review_prune_cli_hostile import ckptfs
 
 from ckptfs.config import load_settings
-from ckptfs.errors import ConfigError, quote_value
+from ckptfs.errors import ConfigError, name_cut, quote_value
 from ckptfs.format.units import parse_duration
 
 pristine, store = _cli_store.pristine, _cli_store.store  # fixtures: papers v1..v17, snaps at 3..15
@@ -111,7 +111,7 @@ def test_a_bad_cron_from_the_environment_is_named_cut(tmp_path: Path) -> None:
 def test_a_long_key_is_named_cut(tmp_path: Path, text: str, key: str) -> None:
     message = _error(tmp_path, text)
     assert len(message) < MAX_LINE + len(str(tmp_path)), message[:300]
-    assert quote_value(key) in message, message[:300]
+    assert name_cut(key) in message, message[:300]
     # a short one is named whole and bare, as before
     assert _error(tmp_path, "[mirror]\nfoo = 1\n").endswith("mirror.foo: unknown setting")
 

@@ -242,7 +242,13 @@ def _cmd_mirror(args: argparse.Namespace) -> int:
                 interval = parse_duration(args.interval, limit=MAX_SCHEDULE_SECONDS)
             except ValueError as exc:
                 raise bad_value("--interval", args.interval, exc) from None
-        elif args.cron:
+        elif args.cron:  # refused as the option's (usage), before any store is listed
+            from ckptfs.replication.job import check_cron
+
+            try:
+                check_cron(args.cron)
+            except ValueError as exc:
+                raise bad_value("--cron", args.cron, exc) from None
             cron = args.cron
         elif m.interval:
             interval = m.interval_seconds

@@ -136,14 +136,18 @@ class Report:
 def parse_subset(text: str) -> tuple[int, int]:
     """'K/N' -> (K, N), 1 <= K <= N; anything else is a ConfigError naming the text, cut short
     (`quote_value`: a 5,000-character value made a 5,000-character message). Digits past
-    Python's int conversion limit are such a ConfigError too, not the bare ValueError of int()."""
-    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
+    Python's int conversion limit are such a ConfigError too, not the bare ValueError of int().
+    Digits are ASCII 0-9 only, as in a duration (`format.units`): `\\d` and int() took 3/10 written
+    in full-width digits (U+FF13, U+FF11 U+FF10) as 3/10, a paste accident nobody types on purpose."""
+    m = re.fullmatch(r"\s*([0-9]+)\s*/\s*([0-9]+)\s*", text, re.ASCII)
     try:
         k, n = (int(m[1]), int(m[2])) if m else (0, 0)
     except ValueError:  # more digits than int() converts: no slice of anything
         k, n = 0, 0
     if not 1 <= k <= n:
-        raise ConfigError(f"subset {quote_value(text)} is not K/N with 1 <= K <= N (e.g. 3/10)")
+        foreign = any(c.isdigit() and not c.isascii() for c in text)  # why a K/N that looks right is refused
+        raise ConfigError(f"subset {quote_value(text)} is not K/N with 1 <= K <= N (e.g. 3/10)"
+                          + ("; digits must be ASCII 0-9" if foreign else ""))
     return k, n
 
 

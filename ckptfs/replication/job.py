@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from ckptfs.errors import SHOWN_CHARS, ConfigError, quote_value
+from ckptfs.errors import ConfigError, cut_long_words, quote_value
 from ckptfs.format.units import MAX_SCHEDULE_SECONDS
 from ckptfs.replication.copy import DEFAULT_ATTEMPTS, DEFAULT_WORKERS, StorageLike
 from ckptfs.replication.mirror import Mirror
@@ -41,14 +41,41 @@ def to_seconds(interval: float | timedelta | None) -> float | None:
     return s
 
 
-_LONG_WORD = re.compile(rf"[^\s'\"()]{{{SHOWN_CHARS + 1},}}")
+_DIGITS = re.compile(r"[0-9]+")
 
 
-def _cut_long_words(detail: str) -> str:
-    """APScheduler's reason for refusing a cron expression, each word of it longer than
-    SHOWN_CHARS cut to its start and length: the reason repeats the bad field, and parts of it
-    ("Error validating expression '1-555…': the last value (555…)"), in full."""
-    return _LONG_WORD.sub(lambda m: f"{m[0][:SHOWN_CHARS]}… ({len(m[0])} characters)", detail)
+def check_cron(text: str) -> None:
+    """Refuse what is no crontab expression (a ConfigError naming it cut short, with the reason):
+    the one check of `mirror.cron`, `ckptfs mirror --cron` and `MirrorJob(cron=...)`, so each
+    says the same about the same mistake."""
+    _cron_trigger(text, "UTC")
+
+
+def _cron_trigger(text: str, timezone: str) -> Any:
+    """APScheduler's CronTrigger for `text`, or a ConfigError saying why not.
+
+    Digits are ASCII only: APScheduler's `\\d` and int() take full-width and every other script's
+    digits (a full-width 1, U+FF11, as the minute ran at minute 1), the paste accident
+    parse_duration refuses too. A number int() will not convert (over 4,300 digits) is "too
+    large": APScheduler passed on int()'s own advice, to call sys.set_int_max_str_digits().
+    Its other reasons are kept, each long word cut (`cut_long_words`): they repeat the refused
+    field, and parts of it, whole."""
+    from apscheduler.triggers.cron import CronTrigger
+
+    def refused(reason: str) -> ConfigError:
+        return ConfigError(f"{quote_value(text)} is not a cron expression ({reason})")
+
+    if any(c.isdigit() and not c.isascii() for c in text):
+        raise refused("digits must be ASCII 0-9")
+    for number in _DIGITS.findall(text):
+        try:
+            int(number)
+        except ValueError:  # past int()'s conversion limit: no field's value, whatever it is
+            raise refused(f"a number of {len(number)} digits is too large") from None
+    try:
+        return CronTrigger.from_crontab(text, timezone=timezone)
+    except ValueError as exc:
+        raise refused(cut_long_words(str(exc))) from None
 
 
 class MirrorJob:
@@ -101,13 +128,7 @@ class MirrorJob:
         self.misfire_grace_time = misfire_grace_time
         self._trigger: Any = None
         if cron is not None:
-            from apscheduler.triggers.cron import CronTrigger
-
-            try:
-                self._trigger = CronTrigger.from_crontab(cron, timezone=timezone)
-            except ValueError as exc:
-                raise ConfigError(f"bad cron expression {quote_value(cron)}: "
-                                  f"{_cut_long_words(str(exc))}") from None
+            self._trigger = _cron_trigger(cron, timezone)
         elif self.interval is not None:
             from apscheduler.triggers.interval import IntervalTrigger
 

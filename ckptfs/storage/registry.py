@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from ckptfs.errors import ConfigError, StorageUnavailableError
+from ckptfs.errors import ConfigError, StorageUnavailableError, cut_long_words, name_cut, quote_value
 from ckptfs.storage.base import Storage
 from ckptfs.storage.generic import FsspecStorage
 from ckptfs.storage.local import LocalStorage
@@ -36,18 +36,22 @@ def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     opts = dict(storage_options or {})
     if "://" not in url:
         return LocalStorage(url, url, opts)
-    shown = redact_url(url)
+    # Redacted, then cut (`name_cut`): every refusal below names the URL, some its bucket or
+    # scheme and the backend's own error again, so a 5,000-character URL made a 15,000-character
+    # error. Cut before redacting, a secret past the cut would be hidden by chance only.
+    shown = name_cut(redact_url(url))
     head = url.split("://", 1)[0]
     if _UNDERSCORED.fullmatch(head):  # arrow_hdfs://: urlsplit finds no scheme in it
         scheme = head.lower()
         if scheme in _WRAPPERS:
             raise ConfigError(f"{shown}: {scheme}:// wraps another file system and names no store "
                               f"of its own; give the store's own URL: {_FORMS}")
-        raise ConfigError(f"{shown}: unsupported storage scheme {scheme!r} (a URL scheme holds no "
-                          f"'_'{_other_name(scheme)}); give {_FORMS}")
+        raise ConfigError(f"{shown}: unsupported storage scheme {quote_value(scheme)} (a URL scheme "
+                          f"holds no '_'{_other_name(scheme)}); give {_FORMS}")
     if not _SCHEME.fullmatch(head):
+        none = f" ({quote_value(head)} is none)" if head and "@" not in head else ""
         why = "chained URLs (a::b://...) are not supported" if "::" in head else \
-            "no URL scheme before '://'" + (f" ({head!r} is none)" if head and "@" not in head else "")
+            f"no URL scheme before '://'{none}"
         raise ConfigError(f"{shown}: {why}; give {_FORMS}")
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
@@ -74,7 +78,7 @@ def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> 
                               "(-o key=... -o secret=...), AWS_* environment variables or a profile")
         bucket = parts.netloc
         if not re.fullmatch(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]", bucket):
-            raise ConfigError(f"{shown}: {bucket!r} is not a valid S3 bucket name")
+            raise ConfigError(f"{shown}: {quote_value(bucket)} is not a valid S3 bucket name")
         return S3Storage(url, bucket, parts.path, opts)
     import fsspec
 
@@ -89,7 +93,8 @@ def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     try:
         cls = fsspec.get_filesystem_class(scheme)
     except ValueError as exc:
-        raise ConfigError(f"{shown}: unknown storage scheme {scheme!r} ({exc}); give {_FORMS}") from None
+        raise ConfigError(f"{shown}: unknown storage scheme {quote_value(scheme)} "
+                          f"({cut_long_words(str(exc))}); give {_FORMS}") from None
     except ImportError:
         hint = _INSTALL_HINTS.get(scheme, f"the fsspec backend for {scheme}://")
         raise ConfigError(f"{shown}: {scheme}:// needs an extra package: pip install {hint}") from None
@@ -102,14 +107,14 @@ def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     except TypeError as exc:  # the backend wants arguments a URL alone does not give (ftp: host)
         msg = scrub_secrets(f"{shown}: {scheme}:// cannot be opened from this URL and these "
                             f"options: {exc}", opts)
-        raise ConfigError(msg) from None
+        raise ConfigError(cut_long_words(msg)) from None
     except OSError as exc:  # the backend connects or opens a file at once (zip://, ftp, sftp)
         msg = scrub_secrets(f"{shown}: cannot open {scheme}://: {type(exc).__name__}: {exc}", opts)
-        raise StorageUnavailableError(msg) from None
+        raise StorageUnavailableError(cut_long_words(msg)) from None
     except Exception as exc:  # a backend's own check of its arguments: whatever type it raises
         msg = scrub_secrets(f"{shown}: {scheme}:// cannot be opened from this URL and these "
                             f"options: {type(exc).__name__}: {exc}", opts)
-        raise ConfigError(msg) from None
+        raise ConfigError(cut_long_words(msg)) from None
     if not isinstance(root, str) or not root:
         raise ConfigError(f"{shown}: no path to a store in this URL; give {_FORMS}")
     return FsspecStorage(url, fs, root, opts)
