@@ -34,7 +34,7 @@ from pydantic import (
 )
 
 from ckptfs.errors import ConfigError, StorageUnavailableError, name_cut, quote_value
-from ckptfs.format.units import MAX_SCHEDULE_SECONDS, parse_duration
+from ckptfs.format.units import MAX_SCHEDULE_SECONDS, foreign_digits, parse_duration
 from ckptfs.storage.redact import is_secret_option, redact_options, redact_url
 from ckptfs.storage.registry import open_storage
 
@@ -98,7 +98,7 @@ def _whole_number(v: Any) -> Any:
     pydantic, whose message already says what is wrong with "many"."""
     if isinstance(v, bool):
         raise ValueError(f"must be a whole number, not {str(v).lower()}")
-    if isinstance(v, str) and ("_" in v or any(c.isdigit() and not c.isascii() for c in v)):
+    if isinstance(v, str) and ("_" in v or foreign_digits(v)):
         raise ValueError(f"must be a whole number in ASCII digits 0-9 (no '_'), got {quote_value(v)}")
     return v
 

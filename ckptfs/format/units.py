@@ -20,6 +20,13 @@ from ckptfs.errors import SHOWN_CHARS, ConfigError, quote_value
 # prune removed superseded snapshots at once).
 _PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([smhdw]?)", re.ASCII)
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+FOREIGN_DIGITS = "; digits must be ASCII 0-9"  # what a refusal adds when `foreign_digits` is why
+
+
+def foreign_digits(text: str) -> bool:
+    """Whether `text` holds a digit of another script than ASCII: why a value that looks right
+    on screen (a full-width '10s' or '3/10') is refused, for the message to say so."""
+    return any(c.isdigit() and not c.isascii() for c in text)
 
 
 # The longest interval or grace a schedule takes: APScheduler adds it to the time of day as a
@@ -59,10 +66,8 @@ def parse_duration(text: str | float | int, *, allow_zero: bool = False,
             while pos < len(s) and s[pos] == " ":
                 pos += 1
         if not s or pos != len(s):
-            foreign = any(c.isdigit() and not c.isascii() for c in s)  # why a full-width '10s' fails
             raise ConfigError(f"{shown} is not a duration: a number with optional units s/m/h/d/w "
-                              f"(e.g. 30s, 24h, 1h30m)"
-                              + ("; digits must be ASCII 0-9" if foreign else ""))
+                              f"(e.g. 30s, 24h, 1h30m)" + (FOREIGN_DIGITS if foreign_digits(s) else ""))
     if seconds < 0 or (seconds == 0 and not allow_zero):
         raise ConfigError(f"duration {shown} must be {'zero or ' if allow_zero else ''}positive")
     if seconds == float("inf"):  # digits past a float's range ('9' * 400): no length of time

@@ -47,6 +47,7 @@ from ckptfs.format.keys import (
     run_prefix,
 )
 from ckptfs.format.models import ArtifactRef, validate_id
+from ckptfs.format.units import FOREIGN_DIGITS, foreign_digits
 from ckptfs.maintenance.run_check import FileResult, RunAnalysis, check_file
 from ckptfs.storage.base import Storage
 from ckptfs.storage.redact import scrub_secrets
@@ -145,9 +146,8 @@ def parse_subset(text: str) -> tuple[int, int]:
     except ValueError:  # more digits than int() converts: no slice of anything
         k, n = 0, 0
     if not 1 <= k <= n:
-        foreign = any(c.isdigit() and not c.isascii() for c in text)  # why a K/N that looks right is refused
         raise ConfigError(f"subset {quote_value(text)} is not K/N with 1 <= K <= N (e.g. 3/10)"
-                          + ("; digits must be ASCII 0-9" if foreign else ""))
+                          + (FOREIGN_DIGITS if foreign_digits(text) else ""))
     return k, n
 
 

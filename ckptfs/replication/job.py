@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from ckptfs.errors import ConfigError, cut_long_words, quote_value
-from ckptfs.format.units import MAX_SCHEDULE_SECONDS
+from ckptfs.format.units import FOREIGN_DIGITS, MAX_SCHEDULE_SECONDS, foreign_digits
 from ckptfs.replication.copy import DEFAULT_ATTEMPTS, DEFAULT_WORKERS, StorageLike
 from ckptfs.replication.mirror import Mirror
 from ckptfs.replication.report import MirrorReport, NoProgress
@@ -65,8 +65,8 @@ def _cron_trigger(text: str, timezone: str) -> Any:
     def refused(reason: str) -> ConfigError:
         return ConfigError(f"{quote_value(text)} is not a cron expression ({reason})")
 
-    if any(c.isdigit() and not c.isascii() for c in text):
-        raise refused("digits must be ASCII 0-9")
+    if foreign_digits(text):
+        raise refused(FOREIGN_DIGITS.removeprefix("; "))
     for number in _DIGITS.findall(text):
         try:
             int(number)
