@@ -4,11 +4,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-# The suite runs on one worker more than there are cores (pytest-xdist): a good part of its
+# The suite runs on two workers more than there are cores (pytest-xdist): a good part of its
 # time is subprocesses, kills, ttl and network waits, which leave a core idle (on 2 cores:
-# 8:44 with 2 workers, 6:01 with 3, 2026-12-04). Each worker has its own embedded S3 server.
-# `make test PYTEST_WORKERS=` runs it in one process.
-PYTEST_WORKERS ?= -n $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 1 ))) --dist worksteal
+# 8:44 with 2 workers, 6:01 with 3, 2026-12-04; 1,814 tests on 2026-12-07: 10:53 with 3 workers
+# at ~1,640 tests, 9:14 with 4, the cores 96% busy and the last worker done 6 s after the
+# others). Each worker has its own embedded S3 server. `make test PYTEST_WORKERS=` runs it in
+# one process.
+PYTEST_WORKERS ?= -n $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) + 2 ))) --dist worksteal
 
 .PHONY: demo test lint typecheck bench bench-scale clean venv langgraph-demo workers-demo test-lgmin
 
