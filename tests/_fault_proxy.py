@@ -15,9 +15,12 @@ rule picks a `Fault` (or None: forward it as it is):
   mid-stream, which fails in the client's reads, after its request returned.
 * `reply_headers=f`: forward the request and send its reply with the headers `f` makes of the
   upstream's (a list of (name, value), names as the upstream spelt them, without the hop-by-hop
-  ones, Server and Date; the framing stays the proxy's): a store whose headers lie or differ,
-  e.g. a Last-Modified from a clock a year ahead. It applies to replies that are forwarded
-  (with `cut` too), not to an injected `status`. A reply `f` changed counts as "rewritten".
+  ones and Server; the framing stays the proxy's): a store whose headers lie or differ, e.g. a
+  Last-Modified from a clock a year ahead. The upstream's Date is in the list, and the reply
+  carries the Date `f` leaves there, or none if it takes it out: a store clock moved must move
+  the server's now (S3's Date, which `Storage.modified_and_now` reads) with the objects' times.
+  It applies to replies that are forwarded (with `cut` too), not to an injected `status`. A
+  reply `f` changed counts as "rewritten". Without `f`, the proxy's own Date is sent.
 
 Everything binds 127.0.0.1; every request is bounded (upstream timeout, bounded delays), and
 the proxy counts what it did, per kind, so a test can show its faults really happened. A client
@@ -28,6 +31,7 @@ fault of the proxy: no traceback for it.
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import http.client
 import logging
 import random
@@ -35,7 +39,7 @@ import socket
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
@@ -49,6 +53,18 @@ _HOP_BY_HOP = ("transfer-encoding", "connection", "content-length", "keep-alive"
 MAX_DELAY = 10.0  # no injected delay may hold a request longer than this
 
 Headers = list[tuple[str, str]]
+
+
+def dates_moved(headers: Headers, by: Mapping[str, float]) -> Headers:
+    """`headers` with each date header `by` names (in lower case) moved by its seconds: a
+    `reply_headers` function's way to show a store whose clock is off ours (Last-Modified for
+    the objects' times, Date for the server's now)."""
+
+    def moved(value: str, seconds: float) -> str:
+        at = email.utils.parsedate_to_datetime(value).timestamp() + seconds
+        return email.utils.formatdate(at, usegmt=True)
+
+    return [(k, moved(v, by[k.lower()]) if k.lower() in by else v) for k, v in headers]
 
 
 @dataclass(frozen=True)
@@ -207,14 +223,19 @@ class FaultProxy:
                 chop = (fault.cut is not None and self.command == "GET" and resp.status in (200, 206)
                         and len(data) > fault.cut)
                 proxy._count("cut" if chop else "forwarded")
+                # a rewrite sees the upstream's Date, and only the Date it leaves is sent
+                mine = ("server",) if fault.reply_headers is not None else ("server", "date")
                 reply = [(k, v) for k, v in resp.getheaders()
-                         if k.lower() not in (*_HOP_BY_HOP, "server", "date")]
-                if fault.reply_headers is not None:
+                         if k.lower() not in (*_HOP_BY_HOP, *mine)]
+                if fault.reply_headers is None:
+                    self.send_response(resp.status)  # with the proxy's own Server and Date
+                else:
                     rewritten = fault.reply_headers(list(reply))
                     if rewritten != reply:
                         proxy._count("rewritten")
                     reply = [(k, v) for k, v in rewritten if k.lower() not in _HOP_BY_HOP]
-                self.send_response(resp.status)
+                    self.send_response_only(resp.status)
+                    self.send_header("Server", self.version_string())
                 for k, v in reply:
                     self.send_header(k, v)
                 # a HEAD's reply has no body but tells the size of the object's

@@ -5,17 +5,18 @@ A commit is one conditional PUT of the next journal key, and a stale writer's PU
 while that key is taken: a record removed before its fence time is up lets such a writer
 overwrite history. Retention compared the store's times of the records with this machine's
 clock alone, so a machine running an hour ahead took every record for an hour old and removed
-the young ones too. The store's "now" is now bounded by the newest journal record of the run
-(the store wrote it, so its clock has passed that time): a record goes once the store says it
-was written `fence_seconds` before that. Over real HTTP against the embedded moto server; the
-machine's clock is patched in the library, and the installed executable meets a store whose
-clock runs behind it (a proxy moving every Last-Modified), the same skew seen from the store.
+the young ones too. The store's "now" is now the one the store tells (S3's Date header, in the
+reply that dates the run's newest journal record), else bounded by that record's time (the store
+wrote it, so its clock has passed that time): a record goes once the store says it was written
+`fence_seconds` before that. Over real HTTP against the embedded moto server; the machine's
+clock is patched in the library, and the installed executable meets a store whose clock runs
+behind it (a proxy moving every Last-Modified and Date), the same skew seen from the store.
+The helpers are shared with tests/test_store_clock.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import email.utils
 import json
 import re
 import time
@@ -24,7 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from _fault_proxy import Fault, FaultProxy, Headers, Request
+from _fault_proxy import Fault, FaultProxy, Headers, Request, dates_moved
 from test_cli_commands import cli
 
 from backends.s3.embedded import EmbeddedS3
@@ -46,7 +47,7 @@ def _writer_policy(fence: float) -> CompactionPolicy:
                             fence_seconds=fence, superseded_grace=0.0, background=False)
 
 
-def _write(url: str, opts: dict[str, Any], steps: int, fence: float) -> None:
+def write_steps(url: str, opts: dict[str, Any], steps: int, fence: float) -> None:
     """Load (or start) run "one" and complete `steps` more steps, one commit each."""
     store = CheckpointStore(url, opts, policy=_writer_policy(fence))
     run = store.load_run(RUN)
@@ -62,7 +63,7 @@ def _write(url: str, opts: dict[str, Any], steps: int, fence: float) -> None:
     store.close()
 
 
-def _versions(url: str, opts: dict[str, Any], kind: str) -> list[int]:
+def run_versions(url: str, opts: dict[str, Any], kind: str) -> list[int]:
     listed = (parse_run_key(k) for k in open_storage(url, opts).list(f"runs/{RUN}/"))
     return sorted(rf.version for rf in listed if rf is not None and rf.kind == kind)
 
@@ -71,7 +72,7 @@ def _wait_past_fence(s3: EmbeddedS3, url: str, opts: dict[str, Any]) -> None:
     """Until the store's clock is more than FENCE + 1 s past the newest journal record's time
     (read from a probe object the server dates, under another prefix)."""
     newest = open_storage(url, opts).modified(
-        f"runs/{RUN}/log/{_versions(url, opts, 'log')[-1]:012d}.ckpt")
+        f"runs/{RUN}/log/{run_versions(url, opts, 'log')[-1]:012d}.ckpt")
     probe = open_storage(s3.url("clock-probe"), opts)
     while True:
         probe.put("now", b"x")
@@ -80,12 +81,12 @@ def _wait_past_fence(s3: EmbeddedS3, url: str, opts: dict[str, Any]) -> None:
         time.sleep(0.25)
 
 
-def _loads(url: str, opts: dict[str, Any], steps: int) -> None:
+def loads_whole(url: str, opts: dict[str, Any], steps: int) -> None:
     run = CheckpointStore(url, opts, policy=_writer_policy(FENCE)).load_run(RUN)
     assert run is not None and run.completed_count == steps
 
 
-def _machine_an_hour_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+def machine_an_hour_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
     """This machine's clock, as retention reads it, an hour ahead of the store's."""
     ahead = types.SimpleNamespace(time=lambda: time.time() + HOUR, monotonic=time.monotonic)
     monkeypatch.setattr("ckptfs.store.retention.time", ahead)
@@ -100,15 +101,15 @@ def test_prune_keeps_fences_the_store_wrote_moments_ago(
     by the store's clock, an hour by ours. Before: each one up to the kept snapshot was
     removed. Now they all stay, and prune still removes the superseded snapshots."""
     opts = s3.storage_options
-    _write(s3_url, opts, 8, fence=600.0)
-    logs, snaps = _versions(s3_url, opts, "log"), _versions(s3_url, opts, "snap")
+    write_steps(s3_url, opts, 8, fence=600.0)
+    logs, snaps = run_versions(s3_url, opts, "log"), run_versions(s3_url, opts, "snap")
     assert len(snaps) > 1 and [v for v in logs if v <= snaps[-1]], (logs, snaps)
-    _machine_an_hour_ahead(monkeypatch)
+    machine_an_hour_ahead(monkeypatch)
     report = prune(s3_url, 1, storage_options=opts, superseded_grace=0.0)
     assert report.ok, report.problems
-    assert _versions(s3_url, opts, "snap") == snaps[-1:]  # prune did run
-    assert _versions(s3_url, opts, "log") == logs
-    _loads(s3_url, opts, 8)
+    assert run_versions(s3_url, opts, "snap") == snaps[-1:]  # prune did run
+    assert run_versions(s3_url, opts, "log") == logs
+    loads_whole(s3_url, opts, 8)
 
 
 def test_apply_retention_removes_only_what_the_store_says_is_past_the_fence(
@@ -117,23 +118,23 @@ def test_apply_retention_removes_only_what_the_store_says_is_past_the_fence(
     since stay as fences, though this machine's clock, an hour ahead, calls them an hour old.
     Before: every record up to the kept snapshot was removed."""
     opts = s3.storage_options
-    _write(s3_url, opts, 4, fence=FENCE)
-    old = _versions(s3_url, opts, "log")
+    write_steps(s3_url, opts, 4, fence=FENCE)
+    old = run_versions(s3_url, opts, "log")
     _wait_past_fence(s3, s3_url, opts)
-    _write(s3_url, opts, 4, fence=FENCE)
-    newest_snap = _versions(s3_url, opts, "snap")[-1]
-    young = [v for v in _versions(s3_url, opts, "log") if old[-1] < v <= newest_snap]
+    write_steps(s3_url, opts, 4, fence=FENCE)
+    newest_snap = run_versions(s3_url, opts, "snap")[-1]
+    young = [v for v in run_versions(s3_url, opts, "log") if old[-1] < v <= newest_snap]
     assert young, "no young record below the kept snapshot: nothing to keep as a fence"
-    _machine_an_hour_ahead(monkeypatch)
+    machine_an_hour_ahead(monkeypatch)
     store = CheckpointStore(s3_url, opts, policy=CompactionPolicy(
         keep_last=1, fence_seconds=FENCE, superseded_grace=0.0, background=False))
     result = store.apply_retention(RUN, 1)
     store.close()
-    logs = _versions(s3_url, opts, "log")
+    logs = run_versions(s3_url, opts, "log")
     assert result.kept_snapshots == [newest_snap]
     assert not set(old) & set(logs), logs  # past the fence by the store's clock: gone
     assert set(young) <= set(logs), (young, logs)  # an hour old by ours, seconds by the store's
-    _loads(s3_url, opts, 8)
+    loads_whole(s3_url, opts, 8)
 
 
 def test_a_fencing_store_that_cannot_tell_times_keeps_its_fences(
@@ -141,8 +142,8 @@ def test_a_fencing_store_that_cannot_tell_times_keeps_its_fences(
     """S3 as a store without modified times: whether a record's fence time is up is unknown,
     so it stays. Before: NotImplementedError out of apply_retention, nothing pruned."""
     opts = s3.storage_options
-    _write(s3_url, opts, 8, fence=600.0)
-    logs, snaps = _versions(s3_url, opts, "log"), _versions(s3_url, opts, "snap")
+    write_steps(s3_url, opts, 8, fence=600.0)
+    logs, snaps = run_versions(s3_url, opts, "log"), run_versions(s3_url, opts, "snap")
     store = CheckpointStore(s3_url, opts, policy=CompactionPolicy(
         keep_last=1, superseded_grace=0.0, background=False))
 
@@ -150,30 +151,31 @@ def test_a_fencing_store_that_cannot_tell_times_keeps_its_fences(
         raise NotImplementedError("this store cannot tell modification times")
 
     monkeypatch.setattr(type(store.storage), "modified", no_times)
+    monkeypatch.setattr(type(store.storage), "modified_and_now", no_times)
     result = store.apply_retention(RUN, 1)
     store.close()
     assert result.kept_snapshots == snaps[-1:]
-    assert _versions(s3_url, opts, "snap") == snaps[-1:]  # the snapshots below went
-    assert _versions(s3_url, opts, "log") == logs
+    assert run_versions(s3_url, opts, "snap") == snaps[-1:]  # the snapshots below went
+    assert run_versions(s3_url, opts, "log") == logs
 
 
 # ---------------------------------------------------------------------------------- CLI
 
 
-def _clock(offset: float, old_upto: int) -> Callable[[Request], Fault]:
-    """A store whose clock is `offset` seconds off this machine's, and whose journal records
-    up to `old_upto` were written an hour before the rest: each Last-Modified moved so."""
+def store_clock(offset: float, old_upto: int, *, old_by: float = HOUR,
+                idle: float | None = 0.0) -> Callable[[Request], Fault]:
+    """A store whose clock is `offset` seconds off this machine's and whose journal records up
+    to `old_upto` were written `old_by` seconds before the rest (each Last-Modified moved so),
+    its now (each Date) `idle` seconds past that clock: as if nothing was written for so long.
+    `idle=None`: replies without a Date."""
 
     def rule(req: Request) -> Fault:
         m = _LOG_KEY.search(req.path.split("?", 1)[0])
-        shift = offset - (HOUR if m is not None and int(m[1]) <= old_upto else 0.0)
+        shift = offset - (old_by if m is not None and int(m[1]) <= old_upto else 0.0)
 
         def move(headers: Headers) -> Headers:
-            def when(value: str) -> str:
-                at = email.utils.parsedate_to_datetime(value).timestamp() + shift
-                return email.utils.formatdate(at, usegmt=True)
-
-            return [(k, when(v) if k.lower() == "last-modified" else v) for k, v in headers]
+            moved = dates_moved(headers, {"last-modified": shift, "date": offset + (idle or 0.0)})
+            return moved if idle is not None else [(k, v) for k, v in moved if k.lower() != "date"]
 
         return Fault(reply_headers=move)
 
@@ -181,7 +183,8 @@ def _clock(offset: float, old_upto: int) -> Callable[[Request], Fault]:
 
 
 @contextlib.contextmanager
-def _through(s3: EmbeddedS3, rule: Callable[[Request], Fault]) -> Iterator[tuple[FaultProxy, str]]:
+def through(s3: EmbeddedS3, rule: Callable[[Request], Fault]) -> Iterator[tuple[FaultProxy, str]]:
+    """A proxy applying `rule` in front of moto, and the storage option that reaches it."""
     with FaultProxy(s3.endpoint, rule) as proxy:
         yield proxy, f"client_kwargs.endpoint_url={proxy.endpoint}"
 
@@ -194,20 +197,20 @@ def test_cli_prune_removes_old_fences_and_keeps_young_ones(
     store's clock as ours and with it an hour behind (this machine an hour ahead). Behind,
     every record up to the kept snapshot was removed: all an hour old by this clock."""
     opts = s3.storage_options
-    _write(s3_url, opts, 8, fence=600.0)
-    logs, snaps = _versions(s3_url, opts, "log"), _versions(s3_url, opts, "snap")
+    write_steps(s3_url, opts, 8, fence=600.0)
+    logs, snaps = run_versions(s3_url, opts, "log"), run_versions(s3_url, opts, "snap")
     old = [v for v in logs if v <= 3]
     young = [v for v in logs if 3 < v <= snaps[-1]]
     assert old and young, (logs, snaps)
-    with _through(s3, _clock(offset, old[-1])) as (proxy, ep):
+    with through(s3, store_clock(offset, old[-1])) as (proxy, ep):
         code, out, err = cli("prune", s3_url, "--keep-last", "1", "--superseded-grace", "0",
                              "--run", RUN, "--json", "-o", ep, timeout=120)
         assert code == 0, err
         assert proxy.counts["rewritten"] > 0  # the times were read through the clock
     doc = json.loads(out)
     assert [r["kept_snapshots"] for r in doc["runs"]] == [snaps[-1:]]
-    left = _versions(s3_url, opts, "log")
+    left = run_versions(s3_url, opts, "log")
     assert not set(old) & set(left), left  # written an hour before the newest: gone
     assert set(young) <= set(left), (young, left)  # minutes at most by the store's clock: fences
-    assert _versions(s3_url, opts, "snap") == snaps[-1:]
-    _loads(s3_url, opts, 8)
+    assert run_versions(s3_url, opts, "snap") == snaps[-1:]
+    loads_whole(s3_url, opts, 8)

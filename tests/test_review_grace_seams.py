@@ -11,8 +11,8 @@ that year. A time is now read with a bound (store/retention.py `store_age`): ahe
 the grace counts as now; further ahead counts as unknown, as old, which is the behaviour before
 the grace (a reader that listed the run reloads), never less.
 
-S3's skew is made for real: moto sits behind a loopback proxy that moves every Last-Modified it
-forwards by a year, and the writer, the reader, `ckptfs prune`, `ckptfs mirror`, `ckptfs verify`
+S3's skew is made for real: moto sits behind a loopback proxy that moves every Last-Modified and
+Date it forwards by a year, and the writer, the reader, `ckptfs prune`, `ckptfs mirror`, `ckptfs verify`
 and `ckptfs restore` all talk to the store through it. The writer is a process of its own,
 SIGKILLed; the CLI is the installed executable.
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import email.utils
 import fractions
 import json
 import os
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _fault_proxy import Fault, FaultProxy, Headers
+from _fault_proxy import Fault, FaultProxy, Headers, dates_moved
 
 from ckptfs import (
     AgentRun,
@@ -58,23 +57,16 @@ AGGRESSIVE = CompactionPolicy(fanout=2, max_plan=2, snapshot_ratio=0.0001, min_s
 
 def _moved(offset: float) -> Callable[[Headers], Headers]:
     """Reply headers from a store whose clock is `offset` seconds off the client's: its
-    Last-Modified (what `Storage.modified` reads, from a HEAD) moved by `offset`."""
-
-    def when(value: str) -> str:
-        at = email.utils.parsedate_to_datetime(value).timestamp() + offset
-        return email.utils.formatdate(at, usegmt=True)
-
-    def move(headers: Headers) -> Headers:
-        return [(k, when(v) if k.lower() == "last-modified" else v) for k, v in headers]
-
-    return move
+    Last-Modified (what `Storage.modified` reads, from a HEAD) and its Date (the server's now,
+    which `Storage.modified_and_now` reads with it) moved by `offset`."""
+    return lambda headers: dates_moved(headers, {"last-modified": offset, "date": offset})
 
 
 @contextlib.contextmanager
 def skewed(s3: Any, offset: float) -> Iterator[tuple[FaultProxy, dict[str, Any]]]:
-    """A proxy in front of moto moving every Last-Modified by `offset`, everything else as it
-    is, and the storage options that reach moto through it (`counts["rewritten"]` says how
-    many replies it moved)."""
+    """A proxy in front of moto moving every Last-Modified and Date by `offset`, everything
+    else as it is, and the storage options that reach moto through it (`counts["rewritten"]`
+    says how many replies it moved)."""
     with FaultProxy(s3.endpoint, lambda _req: Fault(reply_headers=_moved(offset))) as proxy:
         opts = dict(s3.storage_options)
         opts["client_kwargs"] = {**opts["client_kwargs"], "endpoint_url": proxy.endpoint}

@@ -152,10 +152,10 @@ def test_fenced_store_verifies_mirrors_restores_and_resumes(s3: EmbeddedS3, s3_u
 
 
 def test_prune_removes_fences_once_their_time_is_up(s3: EmbeddedS3, s3_url: str) -> None:
-    """A fence goes once the store's own clock shows it old: its time against that of the
-    run's newest journal record (retention.fence_floor), never this machine's clock alone,
-    which may run ahead of the store's. An idle run keeps its last fence_seconds of fences
-    until it writes again."""
+    """A fence goes once the store's own clock shows it old: its time against the store's now,
+    the Date of the reply that dates the run's newest journal record (retention.fence_floor),
+    never this machine's clock alone, which may run ahead of the store's. An idle run's fences
+    go too: they stayed until it wrote again, when that record's time was the store's now."""
     policy = CompactionPolicy(fanout=2, max_plan=3, min_snapshot_bytes=1, keep_last=1,
                               fence_seconds=2, superseded_grace=0, background=False)
     store = CheckpointStore(s3_url, s3.storage_options, policy=policy)
@@ -168,11 +168,9 @@ def test_prune_removes_fences_once_their_time_is_up(s3: EmbeddedS3, s3_url: str)
     young = store.apply_retention("one", 1)
     assert fence not in young.deleted and store.storage.exists(fence)
     time.sleep(3.1)  # past the fence by any clock (S3 times are whole seconds)
-    idle = store.apply_retention("one", 1)  # nothing written since: the store's now is unknown
-    assert fence not in idle.deleted and store.storage.exists(fence)
-    store.commit(run, [_finish(run, 10)])  # the store's clock, read from this record, moved on
-    old = store.apply_retention("one", 1)
-    assert fence in old.deleted and not store.storage.exists(fence)
+    idle = store.apply_retention("one", 1)  # nothing written since: the store's Date moved on
+    assert fence in idle.deleted and not store.storage.exists(fence)
+    store.commit(run, [_finish(run, 10)])
     fresh = CheckpointStore(s3_url, s3.storage_options).load_run("one")
     assert fresh is not None and fresh.completed_count == 11
 

@@ -190,6 +190,19 @@ class Storage(ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} cannot tell modification times")
 
+    def modified_and_now(self, key: str) -> tuple[float, float | None]:
+        """`modified(key)` and the store's own clock read in the same answer (POSIX seconds), or
+        None for the second where the store does not tell it.
+
+        Retention judges a fence's age on the store's clock, which may differ from this
+        machine's (store/retention.py `fence_floor`); a backend that hears its server's time
+        with the object's (S3: the reply's Date header) says it at no extra request. None by
+        default, not this machine's clock: a local disk's times may be an NFS server's, and a
+        wrapper that forgot to pass this on must not vouch for the clock of the store beneath
+        it. Raises as `modified` does.
+        """
+        return self.modified(key), None
+
     def touch(self, key: str) -> None:
         """Set an object's modification time to now (a re-referenced artifact must look young to
         prune). ``FileNotFoundError`` if absent, ``NotImplementedError`` where unsupported."""

@@ -684,10 +684,17 @@ class LogStorage(Storage):
         return self.inner.size(key)
 
     def modified(self, key: str) -> float:
+        return self.inner.modified(self._dated(key))
+
+    def modified_and_now(self, key: str) -> tuple[float, float | None]:
+        return self.inner.modified_and_now(self._dated(key))
+
+    def _dated(self, key: str) -> str:
+        """The file whose time is `key`'s: a live record's is its log's."""
         group = self._grouped(key)
         if group is not None and key in self._live_keys(group):
-            return self.inner.modified(group + LOG_NAME)
-        return self.inner.modified(key)
+            return group + LOG_NAME
+        return key
 
     def touch(self, key: str) -> None:
         if self._grouped(key):

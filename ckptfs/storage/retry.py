@@ -279,6 +279,9 @@ class RetryingStorage(Storage):
     def modified(self, key: str) -> float:
         return self._call("modified", key, lambda: self.inner.modified(key))
 
+    def modified_and_now(self, key: str) -> tuple[float, float | None]:
+        return self._call("modified", key, lambda: self.inner.modified_and_now(key))
+
     def touch(self, key: str) -> None:
         self._call("touch", key, lambda: self.inner.touch(key))
 

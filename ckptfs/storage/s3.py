@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
+import email.utils
 import functools
 import hashlib
 import logging
@@ -30,6 +32,21 @@ _UNAVAILABLE_CODES = {
 # body) refused, by the verb a message says: a policy without it makes the store read-only.
 _CHANGE_ACTIONS = {"write": "s3:PutObject", "delete": "s3:DeleteObject"}
 _DENIED_CODES = ("AccessDenied", "403")
+
+
+def http_date(value: object) -> float | None:
+    """An HTTP date header (RFC 9110 5.6.7: "Sun, 06 Nov 1994 08:49:37 GMT") as POSIX seconds,
+    or None when absent or unparsable. A date without a zone is taken as UTC, which an HTTP
+    date always is."""
+    if not isinstance(value, str):
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.UTC)
+        return when.timestamp()
+    except (TypeError, ValueError, OverflowError, IndexError):
+        return None
 
 
 def s3_error(exc: BaseException) -> tuple[str | None, int | None]:
@@ -381,9 +398,17 @@ class S3Storage(Storage):
         return int(resp["ContentLength"])
 
     def modified(self, key: str) -> float:
+        return self.modified_and_now(key)[0]
+
+    def modified_and_now(self, key: str) -> tuple[float, float | None]:
+        """LastModified and the server's Date from one HEAD: the reply's Date is the store's
+        now, on the clock that dates its objects (both whole seconds). None for it when the
+        reply has no Date a parser takes (a proxy that strips it): the caller then bounds the
+        store's now itself."""
         with self._errors(key):
             resp = self.fs.call_s3("head_object", Bucket=self.bucket, Key=self._key(key))
-        return float(resp["LastModified"].timestamp())
+        headers = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+        return float(resp["LastModified"].timestamp()), http_date(headers.get("date"))
 
     def touch(self, key: str) -> None:
         """Copy the object onto itself with new metadata: S3's only way to renew LastModified."""

@@ -508,9 +508,10 @@ class Compactor:
         lives less than fence_seconds never removed a record: every restart adopted them anew
         and exited before the wait was over (46 records left by 15 short writers on S3, for an
         operator's prune to find). The record's own time says how long it has stood, against
-        the store's "now": the snapshot this pass follows was just written, so its time is as
-        good a reading of the store's clock as there is (a machine whose clock ran ahead would
-        otherwise take young fences for old ones)."""
+        the store's "now": the one the store tells with the time of the snapshot this pass
+        follows (S3's Date, the same HEAD), else that time itself, the snapshot having just been
+        written (a machine whose clock ran ahead would otherwise take young fences for old
+        ones)."""
         try:
             return fence_floor(self._storage, run_id, logs, oldest, self._policy.fence_seconds,
                                snap_key(run_id, rc.version))

@@ -121,19 +121,23 @@ def fence_floor(storage: Storage, run_id: str, logs: Iterable[int], oldest: int,
     that is unknown: a store without times, or `newest` gone meanwhile. A binary search over
     the records' times: a few HEADs, whatever snapshots came and went, plus one of `newest`.
 
-    The store's "now" is the lower of this machine's clock and the time of `newest`, a file the
-    store wrote last (the snapshot the compactor just wrote; for a listing, the run's newest
-    journal record: every commit writes one). The store's clock has passed that time, so this
-    is never later than the store's now: a record counts as old only once the store itself
-    dates it `fence_seconds` before a time it has reached. Against this machine's clock alone,
-    a machine an hour ahead took every record for an hour old and removed fences a stale
-    writer's PUT was still to meet. It errs the other way only: on a run idle since its last
-    commit the records of the `fence_seconds` before that commit stay until it commits again."""
+    The store's "now" is what the store says its clock reads, in the same answer as the time of
+    `newest` (`Storage.modified_and_now`: S3's Date header): a record counts as old only once
+    the store itself dates it `fence_seconds` before its own now. Against this machine's clock
+    alone, a machine an hour ahead took every record for an hour old and removed fences a stale
+    writer's PUT was still to meet. Where the store does not say its now, it is bounded by the
+    lower of this machine's clock and the time of `newest`, a file the store wrote last (the
+    snapshot the compactor just wrote; for a listing, the run's newest journal record: every
+    commit writes one), a time the store's clock has passed. That bound errs the other way
+    only, which is why the store's own word comes first: on a run idle since its last commit
+    it keeps the records of the `fence_seconds` before that commit until the run commits
+    again, for good on a finished run."""
     versions = sorted(v for v in logs if v <= oldest)
     if not versions:
         return 0
     try:
-        now = min(time.time(), storage.modified(newest))
+        written, store_now = storage.modified_and_now(newest)
+        now = min(time.time(), written) if store_now is None else store_now
         lo, hi, best = 0, len(versions) - 1, 0
         while lo <= hi:
             mid = (lo + hi) // 2
@@ -160,7 +164,7 @@ def apply_retention(loader: RunLoader, run_id: str, keep: int, dry_run: bool = F
 
     check="full" decodes each kept snapshot with the reader; "digest" only re-hashes the file
     against its trailer. On a fencing store, journal records stay `fence_seconds` by the
-    store's clock (`fence_floor`: its now read from the run's newest record, one HEAD); a snapshot
+    store's clock (`fence_floor`: its now read with the run's newest record, one HEAD); a snapshot
     superseded less than `superseded_grace` ago stays with what a load from it reads, by the
     store's times of the snapshots above it (module docstring; a few HEADs on S3). A run one
     of whose folders is no directory is left whole (`unread`).
