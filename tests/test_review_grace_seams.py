@@ -7,14 +7,17 @@ itself (`ckptfs prune`, mirror-side retention, a restarted writer). Those times 
 clock (an S3 server's, an NFS server's) or from whatever a copy or `touch` set. Taken as they
 were, a time ahead of the client's made the snapshot look superseded "just now" for as long as it
 stayed ahead: a store a year ahead kept every snapshot, with its records, through every prune of
-that year. A time is now read with a bound (store/retention.py `store_age`): ahead by at most
-the grace counts as now; further ahead counts as unknown, as old, which is the behaviour before
-the grace (a reader that listed the run reloads), never less.
+that year. A store that says its own time (S3's Date header) is judged on that clock
+(store/retention.py `store_age`), so its skew does not matter; against this machine's clock, where
+the store does not say it, a time is read with a bound: ahead by at most the grace counts as now;
+further ahead counts as unknown, as old, which is the behaviour before the grace (a reader that
+listed the run reloads), never less.
 
-S3's skew is made for real: moto sits behind a loopback proxy that moves every Last-Modified and
-Date it forwards by a year, and the writer, the reader, `ckptfs prune`, `ckptfs mirror`, `ckptfs verify`
-and `ckptfs restore` all talk to the store through it. The writer is a process of its own,
-SIGKILLed; the CLI is the installed executable.
+S3's skew is made for real: moto sits behind a loopback proxy that moves every Last-Modified it
+forwards by a year, and the Date with it (a store whose clock is a year ahead) or away (a store
+that does not tell its time), and the writer, the reader, `ckptfs prune`, `ckptfs mirror`,
+`ckptfs verify` and `ckptfs restore` all talk to the store through it. The writer is a process of
+its own, SIGKILLed; the CLI is the installed executable.
 
 Run as a script, this file is the chain's child processes (`writer`, `reader`).
 """
@@ -55,19 +58,24 @@ AGGRESSIVE = CompactionPolicy(fanout=2, max_plan=2, snapshot_ratio=0.0001, min_s
                               keep_last=1, fence_seconds=0.0, background=False)
 
 
-def _moved(offset: float) -> Callable[[Headers], Headers]:
+def _moved(offset: float, date: bool) -> Callable[[Headers], Headers]:
     """Reply headers from a store whose clock is `offset` seconds off the client's: its
-    Last-Modified (what `Storage.modified` reads, from a HEAD) and its Date (the server's now,
-    which `Storage.modified_and_now` reads with it) moved by `offset`."""
-    return lambda headers: dates_moved(headers, {"last-modified": offset, "date": offset})
+    Last-Modified (what `Storage.modified` reads, from a HEAD) moved by `offset`, and its Date
+    (the server's now, which `Storage.modified_and_now` reads with it) moved too, or, without
+    `date`, dropped: a store that does not say its time (behind a gateway that strips Date),
+    whose times the client can only read against its own clock, with a bound."""
+    if date:
+        return lambda headers: dates_moved(headers, {"last-modified": offset, "date": offset})
+    return lambda headers: [(k, v) for k, v in dates_moved(headers, {"last-modified": offset})
+                            if k.lower() != "date"]
 
 
 @contextlib.contextmanager
-def skewed(s3: Any, offset: float) -> Iterator[tuple[FaultProxy, dict[str, Any]]]:
-    """A proxy in front of moto moving every Last-Modified and Date by `offset`, everything
-    else as it is, and the storage options that reach moto through it (`counts["rewritten"]`
-    says how many replies it moved)."""
-    with FaultProxy(s3.endpoint, lambda _req: Fault(reply_headers=_moved(offset))) as proxy:
+def skewed(s3: Any, offset: float, *, date: bool = False) -> Iterator[tuple[FaultProxy, dict[str, Any]]]:
+    """A proxy in front of moto moving every Last-Modified by `offset` and the Date with it or
+    away (`_moved`), everything else as it is, and the storage options that reach moto through
+    it (`counts["rewritten"]` says how many replies it moved)."""
+    with FaultProxy(s3.endpoint, lambda _req: Fault(reply_headers=_moved(offset, date))) as proxy:
         opts = dict(s3.storage_options)
         opts["client_kwargs"] = {**opts["client_kwargs"], "endpoint_url": proxy.endpoint}
         yield proxy, opts
@@ -148,7 +156,8 @@ def test_hostile_grace_values_are_refused_alike_by_policy_prune_and_mirror(tmp_p
 
 def test_restarts_beside_a_store_a_year_ahead_keep_files_bounded(s3: Any, s3_url: str) -> None:
     """Writers restarting again and again (each a new store: it lists the run and adopts what
-    the ones before left) beside an S3 server whose clock is a year ahead. Each took the listed
+    the ones before left) beside an S3 server whose clock is a year ahead and which does not say
+    its time (no Date: the client reads its times against its own clock). Each took the listed
     snapshots' times, all in the future, for "now" and kept them one more grace: 12 restarts of
     2 commits kept all 27 snapshots. A time that far ahead is unknown now, as old: each writer
     keeps its own snapshots for the grace (its own clock) and the one it superseded."""
@@ -170,6 +179,41 @@ def test_restarts_beside_a_store_a_year_ahead_keep_files_bounded(s3: Any, s3_url
         loaded = CheckpointStore(s3_url, opts).load_run(RUN)
         assert loaded is not None
         assert sum(s.status == StepStatus.COMPLETED for s in loaded.steps.values()) == 26
+
+
+def test_a_store_whose_clock_is_a_year_ahead_and_says_so_is_judged_on_its_clock(
+        s3: Any, s3_url: str) -> None:
+    """The same restarts beside a store a year ahead that says its time (Date moved with
+    Last-Modified): ages are read on its clock, so the grace is the grace, neither a year nor
+    none. Snapshots superseded within it stay, for a reader that listed the run (read against
+    this machine's clock they were a year ahead, unknown, and went at once); once it has passed
+    by the store's clock, the next writer retires them."""
+    policy = dataclasses.replace(AGGRESSIVE, superseded_grace=60.0)
+    with skewed(s3, YEAR, date=True) as (proxy, opts):
+        first = CheckpointStore(s3_url, opts, policy=policy)
+        run = _new_run(first, 40)
+        _complete(first, run, 2)
+        first.close()
+        for _restart in range(6):
+            store = CheckpointStore(s3_url, opts, policy=policy)
+            again = store.load_run(RUN)
+            assert again is not None
+            _complete(store, again, 2)
+            store.close()
+        graced = _versions(CheckpointStore(s3_url, s3.storage_options), "snap")
+        assert len(graced) >= 10, graced  # 14 written within the grace, by the store's clock
+        time.sleep(3.5)  # a grace of 2 s passes on the store's clock too (whole seconds)
+        last = CheckpointStore(s3_url, opts, policy=dataclasses.replace(policy, superseded_grace=2.0))
+        again = last.load_run(RUN)
+        assert again is not None
+        _complete(last, again, 2)
+        last.close()
+        assert proxy.counts["rewritten"] > 0
+        snaps = _versions(CheckpointStore(s3_url, s3.storage_options), "snap")
+        assert len(snaps) <= 4, snaps  # the last writer's own two and the loaded one, at most one more
+        loaded = CheckpointStore(s3_url, opts).load_run(RUN)
+        assert loaded is not None
+        assert sum(s.status == StepStatus.COMPLETED for s in loaded.steps.values()) == 16
 
 
 # ------------------------------------------------------------------------------ CLI
@@ -240,7 +284,8 @@ def _acked(side: Path) -> list[str]:
 
 
 def test_chain_beside_a_store_a_year_ahead(s3: Any, s3_url: str, tmp_path: Path) -> None:
-    """The operator's chain over S3 whose clock is a year ahead of everyone's: a writer process
+    """The operator's chain over S3 whose clock is a year ahead of everyone's, and which does
+    not say its time (no Date header, as behind a gateway that strips it): a writer process
     (keep_last=1, a snapshot at every commit, the default grace) and a reader process loading
     in a loop; `ckptfs prune --keep-last 1` and `ckptfs mirror --keep-last 1` twice meanwhile;
     the writer SIGKILLed; verify the source, a last mirror pass, verify the mirror, restore it

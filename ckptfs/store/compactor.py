@@ -536,8 +536,7 @@ class Compactor:
                 return rc.written[version]
             if version in listed:
                 try:
-                    age = store_age(self._storage.modified(snap_key(run_id, version)),
-                                    time.time(), grace)
+                    age = store_age(self._storage, snap_key(run_id, version), grace)
                 except FileNotFoundError:  # removed meanwhile: nothing below is kept for it
                     return None
                 except (NotImplementedError, OSError):  # a store without times: when known

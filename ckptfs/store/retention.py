@@ -101,13 +101,17 @@ def grace_floor(snapshots: Iterable[int], oldest: int, written: Callable[[int], 
     return floor
 
 
-def store_age(modified: float, now: float, grace: float) -> float | None:
-    """How long ago, by the clock of `now`, the store says a snapshot was written, for the
-    superseded grace (module docstring): a time ahead of `now` counts as now, so the grace it
-    gives ends at most `grace` after this clock reaches that time; one more than `grace` ahead
-    is no write within the grace on any clock worth trusting, and is None (unknown: as old).
-    Without the bound a stateless prune kept a snapshot for as long as its time stayed ahead."""
-    age = now - modified
+def store_age(storage: Storage, key: str, grace: float) -> float | None:
+    """How long ago the store says `key` was written, for the superseded grace (module
+    docstring), on the store's own clock where it tells it in the same answer
+    (`Storage.modified_and_now`: S3's Date header), else on this machine's. Against this
+    machine's clock, a time ahead counts as now, so the grace it gives ends at most `grace`
+    after this clock reaches that time; one more than `grace` ahead is no write within the
+    grace on any clock worth trusting, and is None (unknown: as old). Without the bound a
+    stateless prune kept a snapshot for as long as its time stayed ahead. Raises as
+    `Storage.modified` does."""
+    modified, store_now = storage.modified_and_now(key)
+    age = (time.time() if store_now is None else store_now) - modified
     if age < -grace:
         return None
     return max(0.0, age)
@@ -197,7 +201,7 @@ def apply_retention(loader: RunLoader, run_id: str, keep: int, dry_run: bool = F
 
         def written(version: int) -> float | None:
             try:
-                age = store_age(loader.storage.modified(keys[version]), now, superseded_grace)
+                age = store_age(loader.storage, keys[version], superseded_grace)
             except (FileNotFoundError, NotImplementedError):  # gone, or a store without times
                 return None
             return None if age is None else now - age
