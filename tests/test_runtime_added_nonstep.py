@@ -15,7 +15,6 @@ it had finished, which a resume does not run again, and for an added step the st
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,6 @@ import pytest
 
 from ckptfs import (
     CheckpointedAgent,
-    CheckpointPolicy,
     CheckpointStore,
     ProgressEvent,
     RunStoppedError,
@@ -32,13 +30,8 @@ from ckptfs import (
     StepResult,
     StepStatus,
 )
+from tests._runtime_graph import IDS, POLICIES, execute, ok, resume, start, stored_run
 
-IDS = ["a", "b", "c", "d", "e"]
-POLICIES: dict[str, Callable[[], CheckpointPolicy]] = {
-    "every-step": CheckpointPolicy.every_step,
-    "every-n": lambda: CheckpointPolicy.every_n_steps(10),
-    "milestones": CheckpointPolicy.at_milestones,
-}
 # What is put under the new key "x", and how the stop names what is wrong with it.
 BAD: dict[str, tuple[Callable[[], Any], str]] = {
     "dict": (lambda: {"id": "x", "title": "t"}, "is a dict, not a Step"),
@@ -48,49 +41,6 @@ BAD: dict[str, tuple[Callable[[], Any], str]] = {
 AT_STEP = "continues at this step"
 
 
-def _start(url: str, policy: str, **kw: Any) -> tuple[CheckpointedAgent, Any]:
-    agent = CheckpointedAgent(CheckpointStore(url), policy=POLICIES[policy](), **kw)
-    steps = [Step(id=s, title=s, dependencies=[IDS[i - 1]] if i else []) for i, s in enumerate(IDS)]
-    return agent, agent.start_run("g", steps, run_id="r")
-
-
-def _ok(step: Step) -> StepResult:
-    return StepResult(f"{step.id} ok", tokens=10, cost_usd=0.5)
-
-
-def _execute(agent: CheckpointedAgent, run: Any, fn: Callable[[Step], Any], mode: str) -> None:
-    if mode == "sync":
-        agent.execute_run(run, lambda step, prior: fn(step))
-        return
-
-    async def ex(step: Step, prior: Any) -> Any:
-        await asyncio.sleep(0)
-        return fn(step)
-
-    asyncio.run(agent.aexecute_run(run, ex, concurrency=3))
-
-
-def _stored(url: str) -> Any:
-    run = CheckpointStore(url).load_run("r")  # a fresh store: what a new process would load
-    assert run is not None
-    return run
-
-
-def _resume(url: str, mode: str) -> tuple[Any, list[str]]:
-    agent = CheckpointedAgent(CheckpointStore(url))
-    run = agent.resume_run("r")
-    assert run is not None
-    ran: list[str] = []
-
-    def fn(step: Step) -> StepResult:
-        ran.append(step.id)
-        return _ok(step)
-
-    _execute(agent, run, fn, mode)
-    done = _stored(url)
-    assert done.status == "completed" and "stopped" not in done.metadata
-    assert sorted(done.steps) == IDS and all(s.result == f"{s.id} ok" for s in done.steps.values())
-    return done, ran
 
 
 def _stopped_without(err: pytest.ExceptionInfo[RunStoppedError], what: str) -> None:
@@ -105,7 +55,7 @@ def _stopped_without(err: pytest.ExceptionInfo[RunStoppedError], what: str) -> N
 def _done_then_stopped(url: str, run: Any, done: str, sid: str) -> Any:
     """The run in memory and in a fresh store: stopped at `sid`, `done` completed, no stray id."""
     assert sorted(run.steps) == IDS and run.status == "failed"
-    stored = _stored(url)
+    stored = stored_run(url)
     assert stored.status == "failed" and stored.metadata["stopped"]["step_id"] == sid
     assert sorted(stored.steps) == IDS  # neither "x" nor a Step's own id "y"
     assert {s.id for s in stored.steps.values() if s.status == StepStatus.COMPLETED} == set(done)
@@ -120,7 +70,7 @@ def _done_then_stopped(url: str, run: Any, done: str, sid: str) -> Any:
 def test_an_entry_that_is_not_a_step_under_its_own_id_stops_the_run_naming_its_key(
         tmp_path: Path, mode: str, policy: str, bad: str) -> None:
     url = str(tmp_path / "store")
-    agent, run = _start(url, policy)
+    agent, run = start(url, policy)
     make, what = BAD[bad]
     ran: list[str] = []
 
@@ -128,14 +78,14 @@ def test_an_entry_that_is_not_a_step_under_its_own_id_stops_the_run_naming_its_k
         ran.append(step.id)
         if step.id == "b":
             run.steps["x"] = make()
-        return _ok(step)
+        return ok(step)
 
     with pytest.raises(RunStoppedError) as err:
-        _execute(agent, run, fn, mode)
+        execute(agent, run, fn, mode)
     _stopped_without(err, what)
     assert ran == ["a", "b"]  # its own step finished and was committed with the stop
     _done_then_stopped(url, run, "ab", "x")
-    _, again = _resume(url, mode)
+    _, again = resume(url, mode, IDS)
     assert again == ["c", "d", "e"]
 
 
@@ -149,12 +99,12 @@ def test_a_progress_callback_that_puts_none_under_a_new_id_stops_the_run(
         if event.kind == "step_completed" and event.step_id == "a":
             run.steps["x"] = None
 
-    agent, run = _start(url, "every-n", on_progress=on_progress)
+    agent, run = start(url, "every-n", on_progress=on_progress)
     with pytest.raises(RunStoppedError) as err:
-        _execute(agent, run, _ok, mode)
+        execute(agent, run, ok, mode)
     _stopped_without(err, "is a NoneType, not a Step")
     _done_then_stopped(url, run, "ab", "x")  # met when b's executor returned
-    _, again = _resume(url, mode)
+    _, again = resume(url, mode, IDS)
     assert again == ["c", "d", "e"]
 
 
@@ -162,16 +112,16 @@ def test_a_progress_callback_that_puts_none_under_a_new_id_stops_the_run(
 def test_a_step_added_on_a_refused_entry_is_refused_with_it(tmp_path: Path, mode: str) -> None:
     """A well-formed step depending on the refused key could never run nor be committed."""
     url = str(tmp_path / "store")
-    agent, run = _start(url, "every-step")
+    agent, run = start(url, "every-step")
 
     def fn(step: Step) -> StepResult:
         if step.id == "b":
             run.steps["x"] = {"id": "x", "title": "t"}
             run.add_step(Step(id="z", title="z", dependencies=["x"]))
-        return _ok(step)
+        return ok(step)
 
     with pytest.raises(RunStoppedError) as err:
-        _execute(agent, run, fn, mode)
+        execute(agent, run, fn, mode)
     _stopped_without(err, "is a dict, not a Step")
     assert "z" not in run.steps
     stored = _done_then_stopped(url, run, "ab", "x")
@@ -189,7 +139,7 @@ def _finished_victim(run: Any, how: str) -> Callable[[Step], StepResult]:
                 del run.steps["a"]
             else:  # its own id, while it runs: it completes all the same
                 run.add_step(Step(id="c", title="planned again"))
-        return _ok(step)
+        return ok(step)
     return fn
 
 
@@ -204,9 +154,9 @@ def test_a_stop_on_a_step_that_finished_does_not_say_a_resume_continues_at_it(
         tmp_path: Path, mode: str, policy: str, how: str, victim: str, done: str,
         resume_runs: list[str]) -> None:
     url = str(tmp_path / "store")
-    agent, run = _start(url, policy)
+    agent, run = start(url, policy)
     with pytest.raises(RunStoppedError) as err:
-        _execute(agent, run, _finished_victim(run, how), mode)
+        execute(agent, run, _finished_victim(run, how), mode)
     msg = str(err.value)
     assert err.value.step_id == victim, msg
     assert AT_STEP not in msg, msg
@@ -226,7 +176,7 @@ def test_a_stop_on_a_step_that_finished_does_not_say_a_resume_continues_at_it(
 
     def fn(step: Step) -> StepResult:
         ran.append(step.id)
-        return _ok(step)
+        return ok(step)
 
-    _execute(resumer, again, fn, mode)
+    execute(resumer, again, fn, mode)
     assert ran == resume_runs and again.status == "completed"

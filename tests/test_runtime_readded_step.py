@@ -11,75 +11,19 @@ committed, and a resume continues from the store.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ckptfs import (
-    CheckpointedAgent,
-    CheckpointPolicy,
-    CheckpointStore,
     ProgressEvent,
     RunStoppedError,
     Step,
     StepResult,
     StepStatus,
 )
-
-IDS = ["a", "b", "c", "d", "e"]
-POLICIES: dict[str, Callable[[], CheckpointPolicy]] = {
-    "every-step": CheckpointPolicy.every_step,
-    "every-n": lambda: CheckpointPolicy.every_n_steps(10),
-    "milestones": CheckpointPolicy.at_milestones,
-}
-
-
-def _start(url: str, policy: str, **kw: Any) -> tuple[CheckpointedAgent, Any]:
-    agent = CheckpointedAgent(CheckpointStore(url), policy=POLICIES[policy](), **kw)
-    steps = [Step(id=s, title=s, dependencies=[IDS[i - 1]] if i else []) for i, s in enumerate(IDS)]
-    return agent, agent.start_run("g", steps, run_id="r")
-
-
-def _ok(step: Step) -> StepResult:
-    return StepResult(f"{step.id} ok", tokens=10, cost_usd=0.5)
-
-
-def _execute(agent: CheckpointedAgent, run: Any, fn: Callable[[Step], Any], mode: str) -> None:
-    if mode == "sync":
-        agent.execute_run(run, lambda step, prior: fn(step))
-        return
-
-    async def ex(step: Step, prior: Any) -> Any:
-        await asyncio.sleep(0)
-        return fn(step)
-
-    asyncio.run(agent.aexecute_run(run, ex, concurrency=3))
-
-
-def _stored(url: str) -> Any:
-    run = CheckpointStore(url).load_run("r")  # a fresh store: what a new process would load
-    assert run is not None
-    return run
-
-
-def _resume(url: str, mode: str) -> tuple[Any, list[str]]:
-    agent = CheckpointedAgent(CheckpointStore(url))
-    run = agent.resume_run("r")
-    assert run is not None
-    ran: list[str] = []
-
-    def fn(step: Step) -> StepResult:
-        ran.append(step.id)
-        return _ok(step)
-
-    _execute(agent, run, fn, mode)
-    done = _stored(url)
-    assert done.status == "completed" and "stopped" not in done.metadata
-    assert done.total_tokens == sum(s.tokens for s in done.steps.values())
-    return done, ran
+from tests._runtime_graph import IDS, POLICIES, execute, ok, resume, start, stored_run
 
 
 def _stop_names(err: pytest.ExceptionInfo[RunStoppedError], sid: str) -> None:
@@ -98,7 +42,7 @@ def test_a_step_added_again_under_its_id_stops_the_run_naming_it(
         tmp_path: Path, mode: str, policy: str, victim: str, done_before: str,
         resume_runs: list[str]) -> None:
     url = str(tmp_path / "store")
-    agent, run = _start(url, policy)
+    agent, run = start(url, policy)
     original = run.steps[victim]
     ran: list[str] = []
 
@@ -106,21 +50,21 @@ def test_a_step_added_again_under_its_id_stops_the_run_naming_it(
         ran.append(step.id)
         if step.id == "c":
             run.add_step(Step(id=victim, title="planned again"))  # no dependencies: runnable now
-        return _ok(step)
+        return ok(step)
 
     with pytest.raises(RunStoppedError) as err:
-        _execute(agent, run, fn, mode)
+        execute(agent, run, fn, mode)
     _stop_names(err, victim)
     assert ran == list(done_before)  # the replacement never ran
     assert run.steps[victim] is original and run.status == "failed"
-    stored = _stored(url)
+    stored = stored_run(url)
     assert stored.status == "failed" and stored.metadata["stopped"]["step_id"] == victim
     assert {s.id for s in stored.steps.values() if s.status == StepStatus.COMPLETED} == set(done_before)
     assert all(stored.steps[s].result == f"{s} ok" for s in done_before)
     assert stored.steps[victim].title == victim  # the store never got the replacement
     assert stored.steps[victim].dependencies == original.dependencies
     assert stored.total_cost_usd == 0.5 * len(done_before)
-    done, again = _resume(url, mode)
+    done, again = resume(url, mode)
     assert again == resume_runs and len(done.steps) == 5
     assert all(s.result == f"{s.id} ok" for s in done.steps.values())
 
@@ -131,20 +75,20 @@ def test_a_pending_step_replaced_with_a_graph_the_store_refuses_stops_by_name(
     """The replacement ran on the old step's schedule and its commit, depending on no step of
     the run, was refused: InvalidGraphError out of execute_run, the run left "running"."""
     url = str(tmp_path / "store")
-    agent, run = _start(url, "every-step")
+    agent, run = start(url, "every-step")
 
     def fn(step: Step) -> StepResult:
         if step.id == "b":
             run.add_step(Step(id="d", title="d", dependencies=["nowhere"]))
-        return _ok(step)
+        return ok(step)
 
     with pytest.raises(RunStoppedError) as err:
-        _execute(agent, run, fn, mode)
+        execute(agent, run, fn, mode)
     _stop_names(err, "d")
-    stored = _stored(url)
+    stored = stored_run(url)
     assert stored.status == "failed" and stored.steps["d"].dependencies == ["c"]
     assert [s for s in IDS if stored.steps[s].status == StepStatus.COMPLETED] == ["a", "b", "c"]
-    done, again = _resume(url, mode)
+    done, again = resume(url, mode)
     assert again == ["d", "e"] and done.steps["d"].dependencies == ["c"]
 
 
@@ -158,11 +102,11 @@ def test_a_progress_callback_that_re_adds_a_finished_step_stops_the_run(
         if event.kind == "step_completed" and event.step_id == "b":
             run.add_step(Step(id="b", title="b again"))
 
-    agent, run = _start(url, "every-n", on_progress=on_progress)
+    agent, run = start(url, "every-n", on_progress=on_progress)
     with pytest.raises(RunStoppedError) as err:
-        _execute(agent, run, _ok, mode)
+        execute(agent, run, ok, mode)
     _stop_names(err, "b")
-    stored = _stored(url)
+    stored = stored_run(url)
     assert stored.metadata["stopped"]["step_id"] == "b" and stored.steps["b"].result == "b ok"
     assert all(stored.steps[s].status == StepStatus.COMPLETED for s in IDS)
 
@@ -173,7 +117,7 @@ def test_steps_added_under_new_ids_run_and_are_guarded_like_the_others(
     """New ids run and are committed as before; once added, they are the run's own: adding one
     again replaces it, and stops the run like any other step's id."""
     url = str(tmp_path / "store")
-    agent, run = _start(url, "every-step")
+    agent, run = start(url, "every-step")
     ran: list[str] = []
 
     def fn(step: Step) -> StepResult:
@@ -183,15 +127,15 @@ def test_steps_added_under_new_ids_run_and_are_guarded_like_the_others(
             run.add_step(Step(id="c3", title="after it", dependencies=["c2"]))
         if step.id == "c3":
             run.add_step(Step(id="c2", title="follow-up again"))
-        return _ok(step)
+        return ok(step)
 
     with pytest.raises(RunStoppedError) as err:
-        _execute(agent, run, fn, mode)
+        execute(agent, run, fn, mode)
     _stop_names(err, "c2")
     assert sorted(ran) == sorted([*IDS, "c2", "c3"]) and ran.index("c3") > ran.index("c2")
-    stored = _stored(url)
+    stored = stored_run(url)
     assert len(stored.steps) == 7 and stored.steps["c2"].title == "follow-up"
     assert all(s.status == StepStatus.COMPLETED and s.result == f"{s.id} ok"
                for s in stored.steps.values())
-    done, again = _resume(url, mode)
+    done, again = resume(url, mode)
     assert again == [] and len(done.steps) == 7
