@@ -320,13 +320,14 @@ class CheckpointedAgent:
             return
         prior = self._prior_calls(ex.run.run_id, step)
         tokens0, cost0 = step.tokens, step.cost_usd
-        token = CURRENT_STEP.set((ex.run.run_id, step.id))
+        sid = step.id  # the executor holds the step, and may change its id
+        token = CURRENT_STEP.set((ex.run.run_id, sid))
         try:
             out = executor(step, prior)
         except Exception as exc:
-            plan = self._after_failure(ex, step, exc, tokens0, cost0)
+            plan = self._after_failure(ex, step, exc, tokens0, cost0, sid)
         else:
-            plan = self._after_success(ex, step, out, tokens0, cost0)
+            plan = self._after_success(ex, step, out, tokens0, cost0, sid)
         finally:
             CURRENT_STEP.reset(token)
         if ex.replaced:  # one put back while it ran: its stop, now its outcome is known
@@ -402,15 +403,16 @@ class CheckpointedAgent:
             return
         prior = self._prior_calls(ex.run.run_id, step)
         tokens0, cost0 = step.tokens, step.cost_usd
-        CURRENT_STEP.set((ex.run.run_id, step.id))  # this task's own context copy
+        sid = step.id  # the executor holds the step, and may change its id
+        CURRENT_STEP.set((ex.run.run_id, sid))  # this task's own context copy
         try:
             out: Any = executor(step, prior)
             if inspect.isawaitable(out):
                 out = await out
         except Exception as exc:
-            plan = self._after_failure(ex, step, exc, tokens0, cost0)
+            plan = self._after_failure(ex, step, exc, tokens0, cost0, sid)
         else:
-            plan = self._after_success(ex, step, out, tokens0, cost0)
+            plan = self._after_success(ex, step, out, tokens0, cost0, sid)
         if ex.replaced:  # one put back while it ran: its stop, now its outcome is known
             self._replaced(ex)
         if plan:
@@ -508,8 +510,8 @@ class CheckpointedAgent:
         self._tool_logs.forget(ex.run.run_id, step.id)
 
     def _after_success(self, ex: Execution, step: Step, out: Any, tokens0: int,
-                       cost0: float) -> list[Step] | None:
-        self._reconcile(ex, removals=False, ran=step)  # what it added goes into its step's commit
+                       cost0: float, sid: str) -> list[Step] | None:
+        self._reconcile(ex, removals=False, ran=sid)  # what it added goes into its step's commit
         left = self._left_unstorable(ex, step, tokens0, cost0)
         if left is not None:
             return left
@@ -546,8 +548,8 @@ class CheckpointedAgent:
         logger.debug("run %s: step %s completed (attempt %d)", ex.run.run_id, step.id, step.attempt_count)
 
     def _after_failure(self, ex: Execution, step: Step, exc: Exception, tokens0: int,
-                       cost0: float) -> list[Step]:
-        self._reconcile(ex, removals=False, ran=step)  # what it added goes into the failure's commit
+                       cost0: float, sid: str) -> list[Step]:
+        self._reconcile(ex, removals=False, ran=sid)  # what it added goes into the failure's commit
         left = self._left_unstorable(ex, step, tokens0, cost0)
         if left is not None:  # whatever it raised, no commit could hold the step as it is now
             return left
@@ -652,11 +654,12 @@ class CheckpointedAgent:
         else:  # stopping already: this one is told, not raised
             logger.error("%s", error)
 
-    def _reconcile(self, ex: Execution, *, removals: bool = True, ran: Step | None = None) -> bool:
+    def _reconcile(self, ex: Execution, *, removals: bool = True, ran: str | None = None) -> bool:
         """Bring the schedule up to date with steps added to the run or removed from it (by an
         executor, a progress callback); True if that gave the run more to do.
 
-        Called when an executor returns (that of `ran`), before its step's plan is taken, so
+        Called when an executor returns (that of the step the schedule knows as `ran`: its
+        executor may have changed `step.id`, so not that), before its step's plan is taken, so
         what it added is committed with its step (and never after: a crash between its step's
         commit and theirs lost them for good, the resume finding the step done), and once
         nothing is left to run. An added step no commit could hold stops the run naming it
@@ -664,6 +667,11 @@ class CheckpointedAgent:
         (`_replaced`); a removed one stops it too (`_removed`), only once nothing is left to
         run (`removals`) or when its turn comes: the steps it does not hold up run first, as
         they always did."""
+        if ran is not None and ex.live(ran) is None:
+            # its executor, the likeliest to have added (or renamed) its own id: put right
+            # first, so its step filed again under the new id (`step.id = "x";
+            # run.add_step(step)`) is met as misfiled, not as a new step
+            self._replaced(ex)
         added, removed, refused = ex.reconcile()
         if not removals:
             removed = []
@@ -674,8 +682,6 @@ class CheckpointedAgent:
                         len(added), len(ex.ready))
         for sid, why, cause in refused:
             self._refused_added(ex, sid, why, cause)
-        if ran is not None:
-            ex.live(ran.id)  # its executor, the likeliest to have added its own id again
         replaced = self._replaced(ex)
         if removed:
             self._removed(ex, removed[0])
@@ -697,20 +703,34 @@ class CheckpointedAgent:
         with nothing saying why; that of a pending one ran on the replaced step's schedule and
         was committed, its graph unchecked. The step the schedule has is put back in the run,
         as the store keeps it (what it acknowledged stays committed), and the run stops naming
-        it, as for `_refused_added`. A step being run is put back at once, but its stop waits
-        for its attempt's end (`_run_step` asks again), which decides what the store keeps of it:
-        the error says whether a resume runs it."""
+        it, as for `_refused_added`. A step whose id was changed in place (`step.id = "x"`) gets
+        its id back: committed as it was, the store refused the commit (bare, the run left
+        "running", the finished steps with it) or, grouped, stored it under the new id beside
+        the old one, still pending. A step being run is put right at once, so no commit meets
+        it otherwise, but its stop waits for its attempt's end (`_run_step` asks again), which
+        decides what the store keeps of it: the error says whether a resume runs it."""
         sids, ex.replaced = ex.replaced, []
         for sid in sids:
-            held = ex.run.steps[sid] = ex.held[sid]
+            held = ex.held[sid]
+            if held.id != sid:
+                ex.renamed.setdefault(sid, held.id)
+                held.id = sid  # its id when the schedule took it, so valid
+            ex.run.steps[sid] = held
             if sid in ex.running:
                 ex.replaced.append(sid)
                 continue
-            why = ("was replaced by a step with the same id during execution (run.add_step of an "
-                   "id the run already has); the step as the run had it was put back, as the "
-                   "store keeps it (give new work a new id)")
-            error = RunStoppedError(ex.run.run_id, sid, ex.attempts.get(sid, 0),
-                                    ValueError(f"step id {sid!r} was added again"), why,
+            renamed = ex.renamed.pop(sid, None)
+            if renamed is None:
+                why = ("was replaced by a step with the same id during execution (run.add_step "
+                       "of an id the run already has); the step as the run had it was put back, "
+                       "as the store keeps it (give new work a new id)")
+                cause = ValueError(f"step id {sid!r} was added again")
+            else:
+                why = (f"had its id changed to {renamed!r} during execution; a commit writes a "
+                       "step under its id, so its id was put back, as the store keeps it (give "
+                       "new work a new step: run.add_step(Step(...)))")
+                cause = ValueError(f"step {sid!r} was renamed {renamed!r}")
+            error = RunStoppedError(ex.run.run_id, sid, ex.attempts.get(sid, 0), cause, why,
                                     resume="past_step" if held.status in TERMINAL_STATUSES
                                     else "at_step")
             if ex.stop_error is None:
@@ -721,14 +741,15 @@ class CheckpointedAgent:
 
     def _refused_added(self, ex: Execution, sid: str, why: str, cause: Exception) -> None:
         """Stop the run for what was added under `sid` that no commit could hold: not a Step,
-        a Step under another id, a graph the store refuses (`Execution.reconcile` took it back
-        out of `run.steps`, so the run is as the store has it). Committed, the store refused
-        the whole batch, and the crash flush's too (or, a dict, the schedule met it first as
-        AttributeError): the error out of execute_run, the run left "running" and, under
-        every-n, the acknowledged steps not yet committed lost."""
+        a Step under another id or with content the store refuses, a graph the store refuses
+        (`Execution.reconcile` took it back out of `run.steps`, so the run is as the store has
+        it). Committed, the store refused the whole batch, and the crash flush's too (or, a
+        dict, the schedule met it first as AttributeError): the error out of execute_run, the
+        run left "running" and, under every-n, the acknowledged steps not yet committed lost."""
         text = f"was added to the run during execution but {why}, so no commit could hold it: " \
-               "it was taken out of run.steps again (add a Step under its own id, with " \
-               "dependencies on steps of the run: run.add_step(Step(...)))"
+               "it was taken out of run.steps again (add a plain Step under its own id, with " \
+               "values a record can hold and dependencies on steps of the run: " \
+               "run.add_step(Step(...)))"
         error = RunStoppedError(ex.run.run_id, sid, 0, cause, text, resume="without_step")
         if ex.stop_error is None:
             self._record_stop(ex, sid, None, text, error)
@@ -799,6 +820,7 @@ class CheckpointedAgent:
         with `charge`, in the run) after its check stops the run and commits again (`_spoiled`);
         `recover=False` raises it, for the commit that opens an execution (the caller's input)."""
         self._after_queued_writes()
+        self._put_right_renamed(ex, steps)
         tries = len(steps) + 2  # each put back clears a step, or the run, for good
         while True:
             try:
@@ -814,6 +836,7 @@ class CheckpointedAgent:
     async def _acommit(self, ex: Execution, steps: list[Step], *, charge: Step | None = None,
                        recover: bool = True) -> None:
         """`_commit` off the loop, group-committed with whatever else is being committed."""
+        self._put_right_renamed(ex, steps)
         tries = len(steps) + 2
         while True:
             try:
@@ -826,6 +849,25 @@ class CheckpointedAgent:
                 if not tries:
                     raise
         self._committed(ex, steps)
+
+    def _put_right_renamed(self, ex: Execution, steps: list[Step]) -> None:
+        """Give back its id to each of `steps` whose id was changed in place since the schedule
+        last met it, and stop the run on it (`_replaced`), before the commit meets it.
+
+        A sibling executor or a progress callback can rename a finished step waiting in a
+        deferred batch, or the running step a tool call's commit carries
+        (`run.steps["b"].id = "q"`): the store refused the whole batch naming a key no step
+        of it has (nothing to put back, so raised out of execute_run, the run left "running"),
+        and a grouped commit stored the step under the new id. A lookup per step of the batch;
+        the search for the key of a renamed one is made only when there is one."""
+        held = ex.held
+        if all(held.get(s.id) is s for s in steps):
+            return
+        moved = {id(s) for s in steps if held.get(s.id) is not s}
+        for sid, step in held.items():
+            if id(step) in moved:
+                ex.live(sid)  # notes it in `replaced`
+        self._replaced(ex)
 
     def _after_failed_commit(self, ex: Execution, steps: list[Step], exc: BaseException,
                              tries: int, charge: Step | None, recover: bool) -> int:

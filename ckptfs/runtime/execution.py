@@ -95,9 +95,12 @@ class Execution:
     # Steps the schedule knows (`dependants`) that are no longer in the run (`reconcile`).
     removed: list[str] = field(default_factory=list)
     # The Step object the schedule has for each id it knows: one the run holds another
-    # object for was replaced under its id (`live`), and goes into `replaced`.
+    # object for was replaced under its id (`live`), and goes into `replaced`; so does one
+    # whose id was changed in place, the id it was given noted in `renamed` when it is put
+    # back (the stop, deferred while the step runs, names it).
     held: dict[str, Step] = field(default_factory=dict)
     replaced: list[str] = field(default_factory=list)
+    renamed: dict[str, str] = field(default_factory=dict)
 
     @property
     def stopping(self) -> bool:
@@ -132,13 +135,18 @@ class Execution:
         (`reconcile`) or replaced: `run.add_step` of an id the run has is a plain dict
         assignment, and the replacement, scheduled or committed, ran on dependency counts and
         a status that were not its own (or put a graph the store refuses into the commit).
-        The replaced id is noted in `replaced` for the agent to stop the run on it.
+        A step whose id was changed in place (`step.id = "x"`, by the executor holding it or
+        through `run.steps`) counts as replaced: a commit writes a step under its id, so the
+        store refused the commit (the finished steps with it) or, grouped, stored a step the
+        run does not have under that name. The id is noted in `replaced` for the agent to put
+        the step right and stop the run on it.
 
         Asked wherever the schedule goes from an id to its step, so a replacement is met at
         no extra cost before it is ever run, skipped or committed; one met nowhere (a finished
         step's, with nothing left depending on it) is found by `find_replaced`, once."""
         step = self.run.steps.get(sid)
-        if step is None or step is self.held.get(sid, step):
+        held = self.held.get(sid)
+        if step is None or held is None or (step is held and step.id == sid):
             return step
         if sid not in self.replaced:
             self.replaced.append(sid)
@@ -150,7 +158,7 @@ class Execution:
         steps = self.run.steps
         for sid, step in self.held.items():
             now = steps.get(sid)
-            if now is not None and now is not step and sid not in self.replaced:
+            if now is not None and (now is not step or step.id != sid) and sid not in self.replaced:
                 self.replaced.append(sid)
 
     def complete(self, sid: str) -> None:
@@ -243,7 +251,12 @@ class Execution:
         it is what the store refuses by name (`ValuePlanner.require_step`); the schedule met it
         first, as AttributeError out of execute_run with the run left "running". A Step filed
         under a key that is not its id: a commit writes a step under its id, so the store got a
-        step the run does not have under that name (and the schedule never ran it). A Step the
+        step the run does not have under that name (and the schedule never ran it). A Step whose
+        content the store refuses (a field of a Step subclass, a lone surrogate in its title, a
+        NaN: `ValuePlanner.model_json_of` and `check_storable`, the store's own checks): its
+        refusal named no step of the schedule, so it escaped execute_run, the run left "running"
+        and the steps finished before it not committed (a resume ran, and paid for, them
+        again). Each added Step is serialised once more for it, as its commit does. A Step the
         store's graph check would refuse: one depending on itself, on no step of the run, on
         such a step, or on a cycle; one COMPLETED without a result. Committed with the others,
         it made the store refuse the whole commit (and the crash flush's after it):
@@ -252,7 +265,7 @@ class Execution:
         must go through one of them): O(added)."""
         run_id = self.run.run_id
         steps = self.run.steps
-        misfiled: dict[str, tuple[str, Exception]] = {}
+        unstorable: dict[str, tuple[str, Exception]] = {}
         added: list[Step] = []
         for key in keys:
             entry: object = steps[key]
@@ -260,13 +273,20 @@ class Execution:
                 try:
                     ValuePlanner.require_step(run_id, entry, key)
                 except UnstorableValueError as exc:
-                    misfiled[key] = (f"is a {type(entry).__name__}, not a Step", exc)
+                    unstorable[key] = (f"is a {type(entry).__name__}, not a Step", exc)
             elif entry.id != key:
-                misfiled[key] = (f"is a Step whose id is {entry.id!r}, not the key it was put "
-                                 "under", ValueError(f"run.steps[{key!r}] holds step {entry.id!r}"))
+                unstorable[key] = (f"is a Step whose id is {entry.id!r}, not the key it was put "
+                                   "under", ValueError(f"run.steps[{key!r}] holds step {entry.id!r}"))
             else:
-                added.append(entry)
-        bad: dict[str, str] = {k: why for k, (why, _) in misfiled.items()}
+                try:
+                    ValuePlanner.model_json_of(entry, run_id, key)
+                    ValuePlanner.check_storable(run_id, key, entry)
+                except UnstorableValueError as exc:
+                    unstorable[key] = (f"holds what the store cannot keep ({exc.field}: "
+                                       f"{exc.reason})", exc)
+                else:
+                    added.append(entry)
+        bad: dict[str, str] = {k: why for k, (why, _) in unstorable.items()}
         for step in added:
             if step.status == StepStatus.COMPLETED and step.result is None:
                 bad[step.id] = "is COMPLETED without a result"
@@ -289,7 +309,7 @@ class Execution:
                     if dep is not None:
                         bad[step.id] = f"depends on {dep!r}, which was refused too"
                         grew = True
-        return [(k, bad[k], misfiled[k][1] if k in misfiled else InvalidGraphError(
+        return [(k, bad[k], unstorable[k][1] if k in unstorable else InvalidGraphError(
                     f"run {run_id!r}: added step {k!r} {bad[k]}")) for k in keys if k in bad]
 
     def skip_downstream(self, sid: str) -> list[Step]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ckptfs.format.models import Step
-from ckptfs.format.units import MAX_SCHEDULE_SECONDS, require_number
+from ckptfs.format.units import MAX_SCHEDULE_SECONDS, require_number, shown_number
 from ckptfs.format.units import require_whole as require_whole  # agent.py imports it from here
 
 Granularity = Literal["tool_call", "step", "every_n", "milestone"]
@@ -34,10 +34,11 @@ def _require_exceptions(name: str, value: object) -> None:
     takes): anything else raised TypeError from `is_retryable` at the first failure, out of
     execute_run, with the run left "running" and the policy not named."""
     items = value if isinstance(value, tuple) else (value,)
-    for t in items:
+    for i, t in enumerate(items):
         if not (isinstance(t, type) and issubclass(t, BaseException)):
-            raise TypeError(f"RetryPolicy: {name} must be a tuple of exception classes, "
-                            f"got {value!r}")
+            # the item, not the tuple: repr of a tuple holding 10**5000 raises ValueError
+            got = f"; {name}[{i}] is {shown_number(t)}" if items is value else f", got {shown_number(t)}"
+            raise TypeError(f"RetryPolicy: {name} must be a tuple of exception classes{got}")
 
 
 @dataclass(frozen=True)
@@ -67,11 +68,11 @@ class CheckpointPolicy:
     def __post_init__(self) -> None:
         if self.granularity not in _GRANULARITIES:
             raise ValueError(f"CheckpointPolicy: granularity must be one of {_GRANULARITIES}, "
-                             f"got {self.granularity!r}")
+                             f"got {shown_number(self.granularity)}")
         _keep(self, "every_n", require_whole("CheckpointPolicy", "every_n", self.every_n, 1))
         if not isinstance(self.durable_attempts, bool):  # "no" would be true
             raise TypeError(f"CheckpointPolicy: durable_attempts must be True or False, "
-                            f"got {self.durable_attempts!r}")
+                            f"got {shown_number(self.durable_attempts)}")
 
     @classmethod
     def every_tool_call(cls) -> CheckpointPolicy:
@@ -190,7 +191,7 @@ class RetryPolicy:
         _keep(self, "jitter", require_number("RetryPolicy", "jitter", self.jitter, 0.0, 1.0))
         if self.on_exhausted not in ("stop", "fail"):
             raise ValueError(f"RetryPolicy: on_exhausted must be 'stop' or 'fail', "
-                             f"got {self.on_exhausted!r}")
+                             f"got {shown_number(self.on_exhausted)}")
         if self.max_total_attempts is not None:
             _keep(self, "max_total_attempts",
                   require_whole("RetryPolicy", "max_total_attempts", self.max_total_attempts, 1))
