@@ -158,6 +158,9 @@ class CompactionPolicy:
             raise ConfigError("CompactionPolicy: snapshot_ratio must be finite and > 0, got "
                               f"{shown_number(self.snapshot_ratio)}")
         checked["snapshot_ratio"] = ratio
+        if not isinstance(self.background, bool):  # "false" is true: a background compactor
+            raise TypeError(f"{owner}: background must be True or False, got "
+                            f"{shown_number(self.background)} ({type(self.background).__name__})")
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 
@@ -216,6 +219,10 @@ class RunCompaction:
     written: dict[int, float] = field(default_factory=dict)
     logs_gone: int = 0
     listed: bool = False
+    # The version of a sound snapshot another writer stored above this replica's, found when
+    # one of ours landed below it (`Compactor._overtaken`): records up to it go into the
+    # replica only, no file of this process covers them any more.
+    passed: int = 0
     summary: dict[str, Any] = field(default_factory=dict)  # the newest merged record's (Entry.summary)
 
 
@@ -336,6 +343,8 @@ class Compactor:
             return  # this process no longer owns the run's head; nothing consistent to merge
         rc.replica.merge(packed, full_state=True)
         rc.version, rc.hash, rc.summary = entry.version, entry.hash, entry.summary
+        if entry.version <= rc.passed:
+            return  # a delta or snapshot ending here would lie below another writer's snapshot
         rc.stack.append(entry)
         encode = self._encode()
         if encode is None:
@@ -414,6 +423,10 @@ class Compactor:
             else:
                 rc.files.append(RunFile(rc.version, "snap", rc.version, key))
         else:
+            if self._overtaken(run_id, rc, key):
+                rc.stack.clear()
+                rc.carried_reads = rc.carried_bytes = 0
+                return
             rc.snapshots.append((rc.version, time.monotonic()))
         rc.covers.append((rc.version, time.monotonic()))
         rc.stack.clear()
@@ -421,6 +434,41 @@ class Compactor:
         rc.carried_reads = rc.carried_bytes = 0
         if self._policy.keep_last:
             self._retire(run_id, rc)
+
+    def _overtaken(self, run_id: str, rc: RunCompaction, key: str) -> bool:
+        """Whether the snapshot just written at `key` lies below a sound one another writer
+        stored (one LIST of the snapshots after it, on every store); if so it is withdrawn and
+        `rc.passed` set, so nothing more of this process's goes below that one.
+
+        A writer whose compaction lands late (its exit flush runs up to EXIT_FLUSH_SECONDS
+        after its last commit) may find the run taken over meanwhile: the successor's first
+        listing pass did not see this snapshot, and its retention removes the journal records
+        above it (at once, or once their fences are up) but never the snapshot itself. Left
+        there, it was a run's oldest snapshot below a missing record: `ckptfs verify` reported
+        the record lost, as it must for a record lost above a snapshot retention kept (the
+        two look alike in the store), on a run whose every kept version loads. No load needs
+        it: a load starts at the newest sound snapshot, and one of a version below that one
+        was not kept by any retention that removed the records above this one.
+        A successor that has no snapshot yet has not listed the run either: its first pass
+        will find this one and count it, so it stays."""
+        try:
+            later = sorted((rf for k in self._storage.list(f"{run_prefix(run_id)}snap/",
+                                                           start_after=key)
+                            if (rf := parse_run_key(k)) is not None
+                            and rf.kind == "snap" and rf.version > rc.version), reverse=True)
+            newer = next((rf.version for rf in later if self._sound(rf.key)), None)
+            if newer is None:
+                return False
+            self._storage.delete(key)
+        except OSError as exc:  # unknown: the snapshot stays, as it did before this check
+            logger.debug("run %s: could not look for snapshots above v%d (%s)", run_id,
+                         rc.version, exc)
+            return False
+        rc.passed = newer
+        logger.info("run %s: snapshot v%d withdrawn: another writer's v%d is newer (this "
+                    "process's head fell behind it); nothing of this process up to v%d is "
+                    "written", run_id, rc.version, newer, newer)
+        return True
 
     def _adopt(self, run_id: str, rc: RunCompaction, listed: list[RunFile], keep: int) -> None:
         """Count snapshots earlier processes left as kept ones, newest first, each once it
