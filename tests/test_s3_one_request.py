@@ -157,7 +157,7 @@ def test_prune_removes_fences_once_their_time_is_up(s3: EmbeddedS3, s3_url: str)
     never this machine's clock alone, which may run ahead of the store's. An idle run's fences
     go too: they stayed until it wrote again, when that record's time was the store's now."""
     policy = CompactionPolicy(fanout=2, max_plan=3, min_snapshot_bytes=1, keep_last=1,
-                              fence_seconds=2, superseded_grace=0, background=False)
+                              fence_seconds=6, superseded_grace=0, background=False)
     store = CheckpointStore(s3_url, s3.storage_options, policy=policy)
     run = _run(11)
     store.save_run(run)
@@ -167,7 +167,7 @@ def test_prune_removes_fences_once_their_time_is_up(s3: EmbeddedS3, s3_url: str)
     assert store.storage.exists(fence)
     young = store.apply_retention("one", 1)
     assert fence not in young.deleted and store.storage.exists(fence)
-    time.sleep(3.1)  # past the fence by any clock (S3 times are whole seconds)
+    time.sleep(7.1)  # past the fence (6 s: young above even on a loaded machine; S3 times are whole seconds)
     idle = store.apply_retention("one", 1)  # nothing written since: the store's Date moved on
     assert fence in idle.deleted and not store.storage.exists(fence)
     store.commit(run, [_finish(run, 10)])

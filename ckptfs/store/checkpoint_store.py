@@ -77,7 +77,7 @@ from ckptfs.store.compactor import CompactionPolicy, Compactor, Entry, RunCompac
 from ckptfs.store.group_commit import GroupPart
 from ckptfs.store.head import Head, logged
 from ckptfs.store.leases import Lease
-from ckptfs.store.loader import Loaded, LoadInfo, RunLoader, gc_paused
+from ckptfs.store.loader import Loaded, LoadInfo, RunLoader, StorePool, gc_paused
 from ckptfs.store.retention import RetentionResult, apply_retention, keeps_fences
 from ckptfs.store.sharing import catch_up
 from ckptfs.store.values import PendingArtifact, ValuePlanner
@@ -371,7 +371,7 @@ class CheckpointStore:
     def _io_pool(self) -> ThreadPoolExecutor:
         with self._locks_guard:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckptfs-io")
+                self._pool = StorePool(max_workers=2, thread_name_prefix="ckptfs-io")
             return self._pool
 
     def _base_exists(self, run_id: str, version: int) -> bool:
@@ -509,8 +509,7 @@ class CheckpointStore:
         """
         if steps is None:
             return self.save_run(run)
-        return self._commit_steps(run.run_id, run,
-                                  [self._values.require_given(run, s) for s in steps])
+        return self._commit_steps(run.run_id, run, self._values.require_all_given(run, steps))
 
     def commit_many(self, parts: Sequence[GroupPart]) -> None:
         """Several callers' commits to one run as ONE journal record (group commit).
@@ -607,7 +606,10 @@ class CheckpointStore:
         try:
             if p.run is None and head.version == 0:
                 raise RunNotFoundError(f"run {run_id!r} has no saved state; save_run it first")
-            changed = self._step_changes(head, p.steps, part_changes, part_undo, part_pending)
+            # A part with the run has its steps checked against their keys as `commit` does:
+            # `run.steps["x"] = Step(id="y")` would be acknowledged as "x" and stored as "y".
+            steps = p.steps if p.run is None else self._values.require_all_given(p.run, p.steps)
+            changed = self._step_changes(head, steps, part_changes, part_undo, part_pending)
             for sid, call in p.tool_calls:
                 validate_id(sid, "step id")
                 if logged(head, sid, call) or any(c is call for _, c in calls):

@@ -17,10 +17,10 @@ import gc
 import json
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import msgspec
 from pydantic import ValidationError
@@ -53,6 +53,13 @@ from ckptfs.storage.base import Storage
 from ckptfs.store.artifacts import ArtifactStore
 
 logger = logging.getLogger(__name__)
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+# What ThreadPoolExecutor.submit raises, in every thread, once concurrent.futures' exit hook has
+# run: threading runs it when the main thread returns, before it joins the non-daemon threads.
+_REFUSED_AT_EXIT = "cannot schedule new futures after interpreter shutdown"
 
 PREFETCH_REMOTE = 8  # files a load reads ahead at once from a remote store
 PREFETCH_LOCAL = 2  # ... and from local disk (decompressing and hashing: CPU, not waits)
@@ -123,6 +130,27 @@ def gc_paused(promote: bool = False) -> Iterator[None]:
             gc.unfreeze()
         if was_enabled:
             gc.enable()
+
+
+class StorePool(ThreadPoolExecutor):
+    """The store's thread pools: work submitted once the interpreter is shutting down runs in
+    the calling thread. Those pools only overlap round trips and decompression, so the same
+    work done in turn gives the same result; refused, a non-daemon thread that outlives the
+    main thread could not load a run on any store, nor commit on S3 once its base is checked.
+    Any other refusal (the pool itself shut down) is raised as before."""
+
+    def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
+        try:
+            return super().submit(fn, *args, **kwargs)
+        except RuntimeError as exc:
+            if str(exc) != _REFUSED_AT_EXIT:
+                raise
+        done: Future[_T] = Future()
+        try:
+            done.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # on the future, as a worker thread would put it
+            done.set_exception(exc)
+        return done
 
 
 @dataclass
@@ -313,7 +341,7 @@ class RunLoader:
         fetch and decompression (0.2 s at 100,000 steps) need not wait for each other. Its
         own listing is of `snap/` alone; what it prefetches is read only if the plan says."""
         workers = PREFETCH_REMOTE if self.storage.capabilities.remote else PREFETCH_LOCAL
-        pool = ThreadPoolExecutor(workers, thread_name_prefix="ckptfs-load")
+        pool = StorePool(workers, thread_name_prefix="ckptfs-load")
         cache = self._cache(run_id, lazy=True)
 
         def start() -> None:
@@ -423,8 +451,8 @@ class RunLoader:
         if names and len(names) > 1:
             if pool is None:
                 workers = PREFETCH_REMOTE if self.storage.capabilities.remote else PREFETCH_LOCAL
-                pool = own_pool = ThreadPoolExecutor(min(workers, len(names)),
-                                                     thread_name_prefix="ckptfs-load")
+                pool = own_pool = StorePool(min(workers, len(names)),
+                                            thread_name_prefix="ckptfs-load")
             cache.prefetch(names, pool)
         try:
             path = plan_load(index, cache.read, run_id=run_id, exact=target is not None,
@@ -579,7 +607,7 @@ class RunLoader:
             except (OSError, CorruptFileError, StorageUnavailableError):
                 return (ref.uri, ref.sha256), None
 
-        with ThreadPoolExecutor(min(ARTIFACTS_AHEAD, len(refs)), thread_name_prefix="ckptfs-art") as pool:
+        with StorePool(min(ARTIFACTS_AHEAD, len(refs)), thread_name_prefix="ckptfs-art") as pool:
             return {key: data for key, data in pool.map(fetch, refs.values()) if data is not None}
 
     def resolve_refs(self, doc: dict[str, Any], refs: dict[str, Any],

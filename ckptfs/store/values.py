@@ -116,15 +116,36 @@ class ValuePlanner:
     @classmethod
     def require_given(cls, run: AgentRun, given: object) -> Step:
         """A step `commit(run, steps)` was given, by key or as a Step, checked as `require_step`
-        does with the key it has in `run.steps`. O(1) for a key, or for a Step whose id the run
-        has (what the runtime commits); only a Step whose id is no key of the run (one never
-        added, or filed under another key) costs a search of the run for its key."""
+        does with the key it has in `run.steps`. O(1) for a key, or for the run's own Step under
+        its id (what the runtime commits). Any other Step costs a search of the run for its
+        key: an id that is a key of the run says nothing of where the Step itself sits (two
+        steps swapped between keys, `run.steps["b"] = Step(id="a")`, `run.steps["b"].id = "a"`),
+        and a commit writes it under its id, so a load would return it in another key's place.
+        A Step the run does not hold at all is a caller's copy, written under its id."""
         if isinstance(given, str):
             return cls.require_step(run.run_id, run.steps[given], given)
-        if not isinstance(given, Step) or given.id in run.steps:
+        if not isinstance(given, Step) or run.steps.get(given.id) is given:
             return cls.require_step(run.run_id, given)
-        key = next((k for k, s in run.steps.items() if s is given), None)
+        # A copy of the items: a group commit plans on the writer thread while the caller's
+        # thread may add steps to the same dict.
+        key = next((k for k, s in list(run.steps.items()) if s is given), None)
         return cls.require_step(run.run_id, given, key)
+
+    @classmethod
+    def require_all_given(cls, run: AgentRun, given: Iterable[object]) -> list[Step]:
+        """`require_given` for each of `given`. A Step given twice is looked for under every
+        key of the run: `commit(run, list(run.steps.values()))` of a run holding one Step under
+        two keys passes it twice, both times as the run's under its id, and would acknowledge
+        the other key, which no load returns. O(given) otherwise."""
+        steps = [cls.require_given(run, g) for g in given]
+        if len(steps) < 2:
+            return steps
+        objects = {id(s) for s in steps}
+        if len(objects) != len(steps):
+            for key, s in list(run.steps.items()):
+                if id(s) in objects:
+                    cls.require_step(run.run_id, s, key)
+        return steps
 
     @classmethod
     def require_filed(cls, run: AgentRun, steps: Iterable[Step], stored: Collection[str]) -> None:
