@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import tomllib
 from collections.abc import Mapping
@@ -87,6 +88,10 @@ def _secret_paths(options: Any, prefix: str) -> list[str]:
     return out
 
 
+_DIGIT = re.compile(r"[0-9]")
+_WHOLE = re.compile(r"[+-]?[0-9]+", re.ASCII)
+
+
 def _whole_number(v: Any) -> Any:
     """Refuse what only looks like a whole number, before pydantic reads it as one.
 
@@ -94,12 +99,22 @@ def _whole_number(v: Any) -> Any:
     value) with a '_' or a digit of another script is refused saying so: pydantic took
     CKPTFS_KEEP_LAST=1_0 as 10 (Python's int() syntax, which no operator means in a setting)
     and a full-width '10' as "not a valid integer", which it looks like. A TOML integer written
-    1_000 is TOML's own syntax, read by the parser, and stays as it is. Other text is left to
-    pydantic, whose message already says what is wrong with "many"."""
+    1_000 is TOML's own syntax, read by the parser, and stays as it is. Other text without a
+    digit is left to pydantic, whose message already says what is wrong with "many".
+
+    A number with a fraction part is refused even when it is zero: pydantic took
+    CKPTFS_KEEP_LAST=10.0 (and `keep_last = 10.0`) as 10, where `--keep-last 10.0` is "not a
+    whole number" and `prune(keep_last=10.0)` a TypeError; the same setting reads the same
+    wherever it is given. Text with digits is whole by the CLI's rule (`[+-]?[0-9]+`, spaces
+    around allowed)."""
     if isinstance(v, bool):
         raise ValueError(f"must be a whole number, not {str(v).lower()}")
+    if isinstance(v, float):
+        raise ValueError(f"must be a whole number, got {v!r}")
     if isinstance(v, str) and ("_" in v or foreign_digits(v)):
         raise ValueError(f"must be a whole number in ASCII digits 0-9 (no '_'), got {quote_value(v)}")
+    if isinstance(v, str) and _DIGIT.search(v) and not _WHOLE.fullmatch(v.strip()):
+        raise ValueError(f"must be a whole number, got {quote_value(v)}")
     return v
 
 

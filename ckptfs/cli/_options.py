@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptfs.cli._common import CliError, cut
 from ckptfs.cli._logging import SCRUBBER
-from ckptfs.errors import ConfigError
+from ckptfs.errors import NAMED_CHARS, ConfigError, cut_long_words, name_cut
 from ckptfs.storage.redact import redact_options
 
 if TYPE_CHECKING:
@@ -86,9 +86,11 @@ class Target:
         check_option_types(self.url, self.options)
 
     def describe(self) -> str:
+        """The URL as every message names this store: redacted, then cut (`name_cut`), since a
+        store that opens may still have a 5,000-character name that each message repeated."""
         from ckptfs.storage.redact import redact_url
 
-        shown = redact_url(self.url)
+        shown = name_cut(redact_url(self.url))
         return shown if self.origin == "argument" else f"{shown} (from {self.origin})"
 
 
@@ -123,9 +125,10 @@ def nothing_stored(target: Target, extra: dict[str, Any] | None = None) -> CliEr
     from ckptfs.storage.registry import meant_url
 
     meant = meant_url(target.url)
-    meant = redact_url(meant) if meant else None
+    meant = name_cut(redact_url(meant)) if meant else None
     # no "?" after the URL: the scrubber reads what follows one as a query string, a secret
-    hint = f"; {redact_url(target.url)} is a local path (no '//'); the URL would be {meant}" if meant else ""
+    hint = (f"; {name_cut(redact_url(target.url))} is a local path (no '//'); the URL would be {meant}"
+            if meant else "")
     return CliError(f"nothing is stored at {target.describe()} (wrong URL or prefix?){hint}", kind="empty",
                     extra=extra)
 
@@ -136,7 +139,10 @@ def refuse_process_memory(url: str, shown: str, command: str) -> None:
 
     So is a new local path that starts like a URL short of its `//` (`s3:/bucket/backups`,
     `memory:scratch`): the copy went to a local directory `s3:` and said 'mirrored', exit 0.
-    One that exists is the user's own directory; `./s3:/...` names a new one."""
+    One that exists is the user's own directory; `./s3:/...` names a new one.
+
+    And a local path the file system cannot name (ENAMETOOLONG): the copy's first listing of
+    it failed, "unexpected OSError", exit 3, and a scheduled mirror failed so at every tick."""
     import os
 
     from ckptfs.storage.redact import redact_url
@@ -147,9 +153,53 @@ def refuse_process_memory(url: str, shown: str, command: str) -> None:
                        "when it exits; give a directory or an s3:// URL")
     meant = meant_url(url) if "://" not in url else None
     if meant and not os.path.lexists(url):
-        raise CliError(f"{shown} is a local path (no '//'), not the URL {redact_url(meant)}: {command} "
-                       f"would copy into a new local directory; give the URL, or ./{shown} for "
-                       "a local directory of that name")
+        # `./NAME` only when the name is shown whole: a cut one is no path to type
+        local = f"./{shown}" if len(redact_url(url)) <= NAMED_CHARS else "the path with ./ before it"
+        raise CliError(f"{shown} is a local path (no '//'), not the URL {name_cut(redact_url(meant))}: "
+                       f"{command} would copy into a new local directory; give the URL, or {local} "
+                       "for a local directory of that name")
+    path = _local_path(url)
+    if path is not None and _name_too_long(path):
+        raise CliError(f"{shown}: name too long for this file system (the whole path, or one "
+                       f"folder name in it): {command} cannot write there; give a shorter path")
+
+
+def _local_path(url: str) -> str | None:
+    """The directory a URL names on this machine's disk (a plain path, file:// or local://)."""
+    if "://" not in url:
+        return url
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme.lower() in ("file", "local") and parts.netloc in ("", "localhost") and parts.path:
+        return parts.path
+    return None
+
+
+def _name_too_long(path: str) -> bool:
+    """Whether the OS refuses `path` as a name (ENAMETOOLONG): the whole past PATH_MAX, or a
+    folder past NAME_MAX, one that exists or one still to be made in the nearest that does
+    (a lookup below a missing folder says ENOENT, and the copy made folders until it failed)."""
+    import errno
+    import os
+
+    try:
+        os.lstat(path)
+        return False
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            return True
+        if exc.errno != errno.ENOENT:
+            return False  # ENOTDIR, EACCES, ...: the copy says what it is
+    head, missing = os.path.abspath(path), []
+    while not os.path.lexists(head):
+        head, tail = os.path.split(head)
+        missing.append(tail)
+    try:
+        most = os.pathconf(head, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return False
+    return any(len(os.fsencode(part)) > most for part in missing)
 
 
 def holds_anything(storage: Storage) -> bool:
@@ -164,11 +214,17 @@ def holds_anything(storage: Storage) -> bool:
         return False
     except (TypeError, AttributeError) as exc:  # an option of a type the backend cannot use
         raise ConfigError(SCRUBBER.scrub(
-            f"{storage.display_url}: a storage option has a value of the wrong type "
-            f"({type(exc).__name__}: {exc})")) from None
+            f"{name_cut(storage.display_url)}: a storage option has a value of the wrong type "
+            f"({_quoted_error(exc)})")) from None
     except Exception as exc:  # botocore/s3fs raise many types for a bad endpoint
         raise StorageUnavailableError(SCRUBBER.scrub(
-            f"{storage.display_url}: cannot list the store: {type(exc).__name__}: {exc}")) from None
+            f"{name_cut(storage.display_url)}: cannot list the store: {_quoted_error(exc)}")) from None
+
+
+def _quoted_error(exc: BaseException) -> str:
+    """`Type: text` of another library's error for a message: scrubbed, then each long word
+    cut (`cut_long_words`); an OSError quotes the path it was given, whole, as long as it is."""
+    return cut_long_words(SCRUBBER.scrub(f"{type(exc).__name__}: {exc}"))
 
 
 # What s3fs (and fsspec below it) takes per option, dotted paths for nested ones. A value of

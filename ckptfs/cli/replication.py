@@ -237,12 +237,14 @@ def _cmd_mirror(args: argparse.Namespace) -> int:
     attempts = args.attempts or m.attempts
     interval = cron = None
     if not args.once:
-        if args.interval:
+        # `is not None`: `--cron "$CRON"` with CRON unset is an empty value, refused as the
+        # option's (as `mirror.cron = ""` is), never read as no schedule: a one-off pass, exit 0
+        if args.interval is not None:
             try:
                 interval = parse_duration(args.interval, limit=MAX_SCHEDULE_SECONDS)
             except ValueError as exc:
                 raise bad_value("--interval", args.interval, exc) from None
-        elif args.cron:  # refused as the option's (usage), before any store is listed
+        elif args.cron is not None:  # refused as the option's (usage), before any store is listed
             from ckptfs.replication.job import check_cron
 
             try:

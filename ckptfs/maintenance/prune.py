@@ -153,8 +153,9 @@ def prune(
     keep_last = require_whole("prune", "keep_last", keep_last)  # True is no count of 1
     if keep_last < 1:
         raise ConfigError("refusing an empty retention policy: keep_last must be >= 1")
-    if artifact_grace < 0:
-        raise ConfigError("artifact grace period must not be negative")
+    # Finite, as `--artifact-grace` is: inf would mean "never collect", but the report's JSON
+    # would then hold `Infinity`, which is no JSON; a run_id prune already collects nothing.
+    artifact_grace = seconds_value("prune", "artifact_grace", artifact_grace)
     superseded_grace = seconds_value("prune", "superseded_grace", superseded_grace)
     if run_id is not None:
         validate_id(run_id, "run id")

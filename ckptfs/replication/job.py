@@ -4,14 +4,21 @@
 from __future__ import annotations
 
 import logging
+import numbers
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from ckptfs.errors import ConfigError, cut_long_words, quote_value
-from ckptfs.format.units import FOREIGN_DIGITS, MAX_SCHEDULE_SECONDS, foreign_digits
+from ckptfs.format.units import (
+    FOREIGN_DIGITS,
+    MAX_SCHEDULE_SECONDS,
+    foreign_digits,
+    parse_duration,
+    shown_number,
+)
 from ckptfs.replication.copy import DEFAULT_ATTEMPTS, DEFAULT_WORKERS, StorageLike
 from ckptfs.replication.mirror import Mirror
 from ckptfs.replication.report import MirrorReport, NoProgress
@@ -21,24 +28,33 @@ logger = logging.getLogger(__name__)
 
 
 
-def to_seconds(interval: float | timedelta | None) -> float | None:
-    """Seconds between mirror passes; a ConfigError for anything that is not a positive number
-    of them. A bad value is named cut short (`quote_value`): float()'s own error quoted a
-    5,000-character string whole, and was a ValueError no caller took for bad settings."""
+def to_seconds(interval: float | timedelta | str | None) -> float | None:
+    """Seconds between mirror passes; a ConfigError naming the mirror interval for anything
+    that is not a positive length of time a scheduler can hold.
+
+    Text is a duration as the config file and `--interval` read it (`parse_duration`: '90',
+    '30s', '1h30m'), not float()'s: float() took full-width digits ('\uff11\uff10' was 10 s)
+    and '1_0', which every other setting refuses. A bool is a mistake, not 1 s. The value is
+    named cut short (`quote_value`): a 5,000-character string is no message."""
     if interval is None:
         return None
+    value: float | str
+    if isinstance(interval, timedelta):
+        value = interval.total_seconds()
+    elif isinstance(interval, str):
+        value = interval
+    elif isinstance(interval, numbers.Real) and not isinstance(interval, bool):
+        try:
+            value = float(interval)
+        except OverflowError:  # an int past a float's range
+            raise ConfigError(f"mirror interval is too long: at most {MAX_SCHEDULE_SECONDS}s") from None
+    else:
+        raise ConfigError(f"mirror interval {shown_number(interval)} ({type(interval).__name__}) "
+                          f"is not a number of seconds or a duration")
     try:
-        s = interval.total_seconds() if isinstance(interval, timedelta) else float(interval)
-    except OverflowError:  # an int past a float's range
-        raise ConfigError(f"mirror interval is too long: at most {MAX_SCHEDULE_SECONDS}s") from None
-    except (TypeError, ValueError):
-        shown = quote_value(interval) if isinstance(interval, str) else f"of type {type(interval).__name__}"
-        raise ConfigError(f"mirror interval {shown} is not a number of seconds") from None
-    if not s > 0:
-        raise ConfigError(f"mirror interval must be positive, got {s}s")
-    if s > MAX_SCHEDULE_SECONDS:
-        raise ConfigError(f"mirror interval {s:g}s is too long: at most {MAX_SCHEDULE_SECONDS}s")
-    return s
+        return parse_duration(value, limit=MAX_SCHEDULE_SECONDS)
+    except ConfigError as exc:
+        raise ConfigError(f"mirror interval: {exc}") from None
 
 
 _DIGITS = re.compile(r"[0-9]+")
@@ -73,9 +89,15 @@ def _cron_trigger(text: str, timezone: str) -> Any:
         except ValueError:  # past int()'s conversion limit: no field's value, whatever it is
             raise refused(f"a number of {len(number)} digits is too large") from None
     try:
-        return CronTrigger.from_crontab(text, timezone=timezone)
+        trigger = CronTrigger.from_crontab(text, timezone=timezone)
     except ValueError as exc:
         raise refused(cut_long_words(str(exc))) from None
+    # A date no calendar holds ('0 0 31 2 *', February 31st) parses, and APScheduler then finds
+    # no fire time: `ckptfs mirror --cron` ran one pass and waited forever for the next.
+    if trigger.get_next_fire_time(None, datetime.now(trigger.timezone)) is None:
+        raise ConfigError(f"cron expression {quote_value(text)} never fires: no date matches "
+                          f"all of its fields")
+    return trigger
 
 
 class MirrorJob:

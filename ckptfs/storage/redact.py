@@ -45,8 +45,10 @@ _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*")
 # opened as a local path, so no '://' marks it, and every message naming the path printed the
 # credentials. A scheme, ':', ':/' or '//', then user:secret@ (the secret may hold '/' and '@'):
 # all up to the last '@' of the word is hidden. A local path rarely looks like that; one that
-# does is hidden in messages, the safe way to be wrong.
-_MANGLED = re.compile(r"(?<![A-Za-z0-9+.\-:/@])([A-Za-z][A-Za-z0-9+.\-]*(?::/?|//))"
+# does is hidden in messages, the safe way to be wrong. After a '/' too: the OSError of such a
+# path quotes it absolute ('/tmp/x/s3:/KEY:SECRET@bucket/...: File name too long'), and a match
+# that had to start a word left the secret in every message that quoted the error.
+_MANGLED = re.compile(r"(?<![A-Za-z0-9+.\-:@])([A-Za-z][A-Za-z0-9+.\-]*(?::/?|//))"
                       r"[^/@:\s'\"]*:[^\s'\"]*@")
 
 
@@ -111,11 +113,14 @@ def secret_option_values(options: Mapping[str, Any] | None) -> set[str]:
 
 
 def scrub_secrets(text: str, options: Mapping[str, Any] | None) -> str:
-    """Remove every secret option value (as redact_options sees them) from a message.
+    """Remove every secret option value (as redact_options sees them) from a message, and the
+    credentials of any URL short of a slash (`redact_mangled`).
 
     Libraries build error messages around the values they were given; this is the last
-    line of defence before such a message reaches a log line or the terminal.
+    line of defence before such a message reaches a log line or the terminal. An OSError
+    quotes the path it was given, and a local path may be a URL short of a slash with its
+    credentials in it: the library's own messages hide them, not only the CLI's scrubber.
     """
     for value in sorted(secret_option_values(options), key=len, reverse=True):
         text = text.replace(value, "***")
-    return text
+    return redact_mangled(text)
