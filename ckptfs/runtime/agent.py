@@ -605,7 +605,7 @@ class CheckpointedAgent:
         if stop.left_out:
             steps.remove(stop.step)  # never write what a load could not give back
         if ex.stop_error is None:
-            self._record_stop(ex, stop.step.id, stop.step, error_text(exc), stop.error)
+            self._record_stop(ex, stop.step.id, stop.step, error_text(stop.error.cause), stop.error)
         else:  # stopping already: this one is told, not raised
             logger.error("%s", stop.error)
         return True

@@ -26,6 +26,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic_core import PydanticSerializationError, to_json
+
 from ckptfs.errors import RunStoppedError, UnstorableValueError, error_text
 from ckptfs.format import codec
 from ckptfs.format.models import TERMINAL_STATUSES, AgentRun, Step
@@ -56,23 +58,80 @@ class RefusalStop:
     left_out: bool = False
 
 
-def _storable(run_id: str, step: Step | None, run: AgentRun | None = None) -> bool:
-    """Whether a commit would take `step` (and `run`'s own fields) as they are."""
+def _refusal(run_id: str, step: Step | None, run: AgentRun | None = None) -> UnstorableValueError | None:
+    """What a commit would refuse in `step` (and `run`'s own fields), asked as the commit asks
+    it: `model_json_of`, then `check_storable` (Execution._refuse_unholdable's order). The
+    latter alone let a lone surrogate (`step.title = "bad\\udc80"`) or a Step subclass's field
+    through, to be met by the commit as a refusal naming no field: it escaped execute_run with
+    the run left "running" and the batch's finished steps lost. A serialisation failure is
+    named by its field (`_located`), so that `put_back` can find it."""
     try:
         if step is not None:
-            ValuePlanner.check_storable(run_id, step.id, step)
+            _check(run_id, step.id, step, frozenset())
         if run is not None:
-            ValuePlanner.check_storable(run_id, None, run, exclude=_RUN_ONLY)
-    except UnstorableValueError:
+            _check(run_id, None, run, _RUN_ONLY)
+    except UnstorableValueError as exc:
+        return exc
+    return None
+
+
+def _check(run_id: str, step_id: str | None, model: Step | AgentRun, exclude: frozenset[str]) -> None:
+    try:
+        ValuePlanner.model_json_of(model, run_id, step_id, exclude=set(exclude) or None)
+    except UnstorableValueError as exc:
+        raise _located(exc, model, exclude) from None
+    ValuePlanner.check_storable(run_id, step_id, model, exclude=exclude)
+
+
+def _located(exc: UnstorableValueError, model: Step | AgentRun,
+             exclude: frozenset[str]) -> UnstorableValueError:
+    """`exc`, a refusal of `model`'s JSON as a whole, named by the first field (and, in a dict,
+    entry) that fails alone; `exc` itself when it names a field already (a subclass's). Only
+    on the way to a stop: one serialisation per field."""
+    fields = type(model).model_fields.keys()
+    if exc.field in fields:
+        return exc
+    for name in [n for n in fields if n not in exclude]:  # in order: the first one named
+        try:
+            ValuePlanner.model_json_of(model, exc.run_id or "", exc.step_id,
+                                       exclude=set(fields - {name}))
+        except UnstorableValueError as one:
+            value = getattr(model, name)
+            key = next((k for k, v in value.items() if not _entry_storable(k, v)), None) \
+                if isinstance(value, dict) else None
+            where = name if key is None else f"{name}.{_printable(key)}"
+            return UnstorableValueError(exc.run_id, exc.step_id, where, one.reason)
+    return exc
+
+
+def _printable(key: object) -> str:
+    """A key as text any record can hold (the stop's error is committed): a lone surrogate
+    becomes its escape."""
+    return str(key).encode("utf-8", "backslashreplace").decode()
+
+
+def _entry_storable(k: object, v: Any) -> bool:
+    """Whether a commit would take `k: v` as an entry of a dict field: a str key, a value
+    `json_problem` passes, and both serialisable (a lone surrogate is not)."""
+    if not isinstance(k, str) or codec.json_problem(v, k) is not None:
+        return False
+    try:
+        to_json({k: v})
+    except PydanticSerializationError:
         return False
     return True
+
+
+def _storable(run_id: str, step: Step | None, run: AgentRun | None = None) -> bool:
+    """Whether a commit would take `step` (and `run`'s own fields) as they are."""
+    return _refusal(run_id, step, run) is None
 
 
 def _without_refused(now: dict[Any, Any], stored: dict[str, Any]) -> dict[str, Any]:
     """`now` with each entry a record cannot hold put back to its `stored` value, or dropped."""
     out: dict[str, Any] = {}
     for k, v in now.items():
-        if isinstance(k, str) and codec.json_problem(v, k) is None:
+        if _entry_storable(k, v):
             out[k] = v
         elif k in stored:
             out[k] = stored[k]
@@ -100,7 +159,7 @@ def left_value_stop(store: CheckpointStore, ex: Execution, step: Step, tokens0: 
     (or a NaN assigned to `step.cost_usd`) was only met by the store's commit, which
     refused it out of execute_run with the run left "running" and the stop unsaved, since
     every later commit of the step met the same value. Checked before the step is marked
-    done or its spend counted, with the store's own check (`check_storable`), so a value is
+    done or its spend counted, with the store's own checks (`_refusal`), so a value is
     refused once, by name, and never after its dependants have started on it.
 
     What is refused is put back (`put_back`), tokens and cost as they were before the
@@ -109,17 +168,20 @@ def left_value_stop(store: CheckpointStore, ex: Execution, step: Step, tokens0: 
     put back is left out of the stop's commit: the store keeps it as its last commit left it.
     """
     run_id = ex.run.run_id
-    try:
-        ValuePlanner.check_storable(run_id, step.id, step)
-        # The run's own fields too: every commit writes them, so a NaN an executor put in
-        # `run.metadata` (a closure over the run) was refused by each commit, the stop's
-        # and the flush's included: the error escaped with the run left "running" and,
-        # under every-n or milestones, the finished steps not yet committed were lost.
-        ValuePlanner.check_storable(run_id, None, ex.run, exclude=_RUN_ONLY)
-    except UnstorableValueError as exc:
-        refused = exc
-    else:
-        return None
+    refused = _refusal(run_id, step)
+    if refused is None:
+        try:
+            # The run's own fields too: every commit writes them, so a NaN an executor put in
+            # `run.metadata` (a closure over the run) was refused by each commit, the stop's
+            # and the flush's included: the error escaped with the run left "running" and,
+            # under every-n or milestones, the finished steps not yet committed were lost.
+            # Not serialised here, on every finished step: a commit that meets what this
+            # misses in them is stopped by `spoiled_stop`.
+            ValuePlanner.check_storable(run_id, None, ex.run, exclude=_RUN_ONLY)
+        except UnstorableValueError as exc:
+            refused = exc
+        else:
+            return None
     if step.tokens != tokens0:
         step.tokens = tokens0
     if step.cost_usd != cost0:  # NaN != NaN: put back too
@@ -156,8 +218,10 @@ def spoiled_stop(store: CheckpointStore, ex: Execution, steps: list[Step],
     left_out = False
     if exc.step_id is None:
         named = charge
-        if named is None or _storable(run_id, None, ex.run):
+        found = _refusal(run_id, None, ex.run) if named is not None else None
+        if named is None or found is None:
             return None
+        exc = found  # what the commit refused, by field (its JSON's refusal named none)
         how = put_back(store, ex, None)
         if how is None:
             return None
@@ -165,8 +229,10 @@ def spoiled_stop(store: CheckpointStore, ex: Execution, steps: list[Step],
                f"left there by an executor or a progress callback; that field {how}")
     else:
         named = next((s for s in steps if s.id == exc.step_id), None)
-        if named is None or named.id in ex.running or _storable(run_id, named):
+        found = _refusal(run_id, named) if named is not None else None
+        if named is None or named.id in ex.running or found is None:
             return None
+        exc = found
         how = put_back(store, ex, named, ex.acked.get(named.id))
         if how is None:
             if not _storable(run_id, None, ex.run):
@@ -209,11 +275,8 @@ def put_back(store: CheckpointStore, ex: Execution, step: Step | None,
     unread: str | None = None
     loaded = False
     for _ in range(len(Step.model_fields) + len(run_fields) + 1):  # each put back once at most
-        try:
-            if step is not None:
-                ValuePlanner.check_storable(run_id, step.id, step)
-            ValuePlanner.check_storable(run_id, None, run, exclude=_RUN_ONLY)
-        except UnstorableValueError as exc:
+        exc = _refusal(run_id, step, run)
+        if exc is not None:
             name = exc.field.split(".", 1)[0].split("[", 1)[0]
             of_run = exc.step_id is None  # a run-level field (see `left_value_stop`)
         else:
