@@ -172,6 +172,15 @@ def _scalar_problem(v: Any, bound: int) -> tuple[str, bool] | None:
             "so a load would not return it"), False
 
 
+def _encodes(text: str) -> bool:
+    """Whether `text` is valid Unicode text, which UTF-8 holds (no lone surrogate)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def json_problem(value: Any, path: str, bound: int | None = None) -> Problem | None:
     """The first place where `value` is not plain JSON that a load gives back equal, else None.
 
@@ -202,6 +211,12 @@ def json_problem(value: Any, path: str, bound: int | None = None) -> Problem | N
                 if is_dict and type(k) is not str and not isinstance(k, str):
                     return Problem(_path_of(node, repr(k)), f"a key of type {type(k).__name__}: "
                                    "JSON keys are strings, so a load would return a different key")
+                if is_dict and not k.isascii() and not _encodes(k):
+                    # a lone surrogate: a value holding one fails to serialize, but pydantic
+                    # writes such a key of a model's dict field lossily ('\ufffd'): acknowledged,
+                    # and loaded back as another key
+                    return Problem(_path_of(node, ascii(k)), "a key that is no valid Unicode text "
+                                   "(a lone surrogate): a load would return a different key")
                 tx = type(x)
                 if tx is str or x is None or tx is bool:
                     continue
