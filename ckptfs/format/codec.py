@@ -211,7 +211,7 @@ def json_problem(value: Any, path: str, bound: int | None = None) -> Problem | N
                 if is_dict and type(k) is not str and not isinstance(k, str):
                     return Problem(_path_of(node, repr(k)), f"a key of type {type(k).__name__}: "
                                    "JSON keys are strings, so a load would return a different key")
-                if is_dict and not k.isascii() and not _encodes(k):
+                if is_dict and isinstance(k, str) and not k.isascii() and not _encodes(k):
                     # a lone surrogate: a value holding one fails to serialize, but pydantic
                     # writes such a key of a model's dict field lossily ('\ufffd'): acknowledged,
                     # and loaded back as another key
