@@ -85,7 +85,7 @@ from ckptfs.store.values import PendingArtifact, ValuePlanner
 logger = logging.getLogger(__name__)
 
 _GroupPlan = tuple[Changes, dict[str, codec.Fragment | None], list[PendingArtifact], list[Step],
-              list[tuple[str, ToolCall]]]
+              list[tuple[str, ToolCall]], bytes | None]
 
 STREAM_BODIES_OVER = 8 << 20  # a delta or snapshot body larger than this is encoded streaming
 RESUMABLE_STATUSES = frozenset({"running", "paused", "failed"})
@@ -549,20 +549,12 @@ class CheckpointStore:
             for p in parts:
                 self._group_alone_shared(p)
             return
-        run = next((p.run for p in reversed(parts) if p.run is not None), None)
         changes = Changes()
-        if run is not None:
-            try:
-                run_json = self._values.model_json_of(run, run_id, None, exclude={"steps"})
-                if run_json != head.run_json:
-                    self._values.check_storable(run_id, None, run, exclude=frozenset({"steps"}))
-                    changes.run = run_json
-            except Exception as exc:  # the run-level fields are refused: every part carrying them is
-                for p in parts:
-                    if p.run is not None:
-                        p.fail(exc)
-                parts = [p for p in parts if p.run is None]
-                run = None
+        # The record's run-level fields are those of the last part ACCEPTED with a run, chosen
+        # only once every part is planned: a refused part's fields (its caller got an error)
+        # must not be written with the others, nor refuse the parts whose own fields are fine.
+        run: AgentRun | None = None
+        run_json: bytes | None = None
         accepted: list[GroupPart] = []
         undo: dict[str, codec.Fragment | None] = {}
         pending: list[PendingArtifact] = []
@@ -572,7 +564,9 @@ class CheckpointStore:
             got = self._group_plan(run_id, head, p)
             if got is None:
                 continue
-            part_changes, part_undo, part_pending, part_changed, part_calls = got
+            part_changes, part_undo, part_pending, part_changed, part_calls, part_run_json = got
+            if p.run is not None:
+                run, run_json = p.run, part_run_json
             changes.merge(part_changes)
             for sid, old in part_undo.items():
                 undo.setdefault(sid, old)  # the oldest bytes: what is really stored
@@ -582,6 +576,8 @@ class CheckpointStore:
             accepted.append(p)
         if not accepted:
             return
+        if run_json is not None and run_json != head.run_json:
+            changes.run = run_json
         try:
             version = self._commit(run_id, changes, run=run, changed_steps=list(changed.values()),
                                     artifacts=pending)
@@ -598,14 +594,24 @@ class CheckpointStore:
 
     def _group_plan(self, run_id: str, head: Head, p: GroupPart) -> _GroupPlan | None:
         """Diff one part against the head (which it updates); on a refusal, undo it, fail the part
-        and return None. What the store refuses for one part alone must not fail the others."""
+        and return None. What the store refuses for one part alone must not fail the others.
+
+        A part's run-level fields are checked as `commit` checks them, whether or not they end
+        up written (a later part's may be): grouped or alone, a part gets the same answer. They
+        are checked first, so a part refused for them has touched nothing of the head.
+        """
         part_changes = Changes()
         part_undo: dict[str, codec.Fragment | None] = {}
         part_pending: list[PendingArtifact] = []
         calls: list[tuple[str, ToolCall]] = []
+        run_json: bytes | None = None
         try:
             if p.run is None and head.version == 0:
                 raise RunNotFoundError(f"run {run_id!r} has no saved state; save_run it first")
+            if p.run is not None:
+                run_json = self._values.model_json_of(p.run, run_id, None, exclude={"steps"})
+                if run_json != head.run_json:
+                    self._values.check_storable(run_id, None, p.run, exclude=frozenset({"steps"}))
             # A part with the run has its steps checked against their keys as `commit` does:
             # `run.steps["x"] = Step(id="y")` would be acknowledged as "x" and stored as "y".
             steps = p.steps if p.run is None else self._values.require_all_given(p.run, p.steps)
@@ -621,7 +627,7 @@ class CheckpointStore:
             self._rollback(head, part_undo)
             p.fail(exc)
             return None
-        return part_changes, part_undo, part_pending, changed, calls
+        return part_changes, part_undo, part_pending, changed, calls, run_json
 
     def _group_refused(self, run_id: str, parts: list[GroupPart], exc: BaseException) -> None:
         """A record of several parts was refused: split it, or fail its parts (module docstring)."""

@@ -16,8 +16,11 @@ the agent does) cannot have a dependant's change in the same record as its depen
 
 Errors, decided per part so one bad step does not sink the others in its record:
 
-* a part the store would refuse on its own (a value no load could give back, an invalid id,
-  no saved state) is refused before the record is assembled: only that part fails;
+* a part the store would refuse on its own (a value no load could give back, in a step or in
+  its run-level fields; a misfiled step; an invalid id; no saved state) is refused before the
+  record is assembled: only that part fails, and nothing of it is written. The record takes
+  the run-level fields of the last part ACCEPTED with a run (each part has its own copy, see
+  `GroupCommitter.submit`), so a caller that got an error never has its fields loaded back;
 * a record refused as a whole for its content (too large, an invalid graph: a ValueError,
   raised before anything is written) is split and each part is committed alone, so the
   innocent ones still land and the guilty one gets its own error;
