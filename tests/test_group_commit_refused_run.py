@@ -167,3 +167,29 @@ def test_refused_run_fields_of_an_earlier_part_fail_it_as_a_commit_alone_would(
     assert loaded.metadata == {"phase": "accepted"}
     assert loaded.steps["s1"].result == "one"
     assert loaded.steps["s0"].status == StepStatus.PENDING
+
+
+def test_a_new_runs_first_save_grouped_with_a_part_without_the_run(tmp_path: Path) -> None:
+    """The run's first save and a commit queued after it share a record: the follower lands
+    (it was refused 'no saved state', the head being empty while the group was planned), and
+    one queued before any save is still refused."""
+    url = str(tmp_path / "new")
+    store = CheckpointStore(url)
+    run = AgentRun(run_id=RUN, goal="first save grouped")
+    run.add_step(Step(id="s0", title="t"))
+    run.add_step(Step(id="s1", title="t"))
+    held = OneWrite(store)
+    try:
+        early = held.committer.submit(RUN, steps=[run.steps["s1"]])
+        first = held.committer.submit(RUN, run=run, steps=list(run.steps.values()))
+        follower = held.committer.submit(RUN, steps=[done(run.steps["s0"], "zero")])
+        held.close()
+        assert (held.committer.writes, held.committer.parts) == (1, 3)
+        assert "no saved state" in str(early.exception())
+        assert first.result() == follower.result() == 1
+    finally:
+        held.close()
+        store.close()
+    loaded, version = fresh(url)
+    assert version == 1
+    assert loaded.steps["s0"].status == StepStatus.COMPLETED and loaded.steps["s0"].result == "zero"

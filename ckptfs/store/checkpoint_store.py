@@ -561,7 +561,7 @@ class CheckpointStore:
         changed: dict[str, Step] = {}
         logged_calls: list[tuple[str, ToolCall]] = []
         for p in parts:
-            got = self._group_plan(run_id, head, p)
+            got = self._group_plan(run_id, head, p, saved=head.version > 0 or run is not None)
             if got is None:
                 continue
             part_changes, part_undo, part_pending, part_changed, part_calls, part_run_json = got
@@ -592,13 +592,15 @@ class CheckpointStore:
         if len(accepted) > 1:
             logger.debug("run %s: v%d holds %d grouped commits", run_id, version, len(accepted))
 
-    def _group_plan(self, run_id: str, head: Head, p: GroupPart) -> _GroupPlan | None:
+    def _group_plan(self, run_id: str, head: Head, p: GroupPart, *, saved: bool) -> _GroupPlan | None:
         """Diff one part against the head (which it updates); on a refusal, undo it, fail the part
         and return None. What the store refuses for one part alone must not fail the others.
 
         A part's run-level fields are checked as `commit` checks them, whether or not they end
         up written (a later part's may be): grouped or alone, a part gets the same answer. They
         are checked first, so a part refused for them has touched nothing of the head.
+        `saved`: the run is stored, or an earlier part accepted into this record saves it (the
+        run's first save grouped with what followed it must not refuse the followers).
         """
         part_changes = Changes()
         part_undo: dict[str, codec.Fragment | None] = {}
@@ -606,7 +608,7 @@ class CheckpointStore:
         calls: list[tuple[str, ToolCall]] = []
         run_json: bytes | None = None
         try:
-            if p.run is None and head.version == 0:
+            if p.run is None and not saved:
                 raise RunNotFoundError(f"run {run_id!r} has no saved state; save_run it first")
             if p.run is not None:
                 run_json = self._values.model_json_of(p.run, run_id, None, exclude={"steps"})
