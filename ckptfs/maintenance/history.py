@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +29,7 @@ from ckptfs.format.reader import decode_run_file
 from ckptfs.storage.base import Storage
 from ckptfs.store.checkpoint_store import CheckpointStore
 from ckptfs.store.compactor import CompactionPolicy
+from ckptfs.store.loader import StorePool
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +112,8 @@ def list_versions(storage: Storage, run_id: str, *, workers: int = 8,
 
     versions = sorted(infos)
     if storage.capabilities.remote and len(versions) > 1:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptfs-versions") as pool:
+        # each version's GET fills only its own entry: in turn (at interpreter exit) it is the same
+        with StorePool(max_workers=workers, thread_name_prefix="ckptfs-versions") as pool:
             list(pool.map(describe, versions))
     else:
         for v in versions:

@@ -29,7 +29,6 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -52,6 +51,7 @@ from ckptfs.maintenance.run_check import FileResult, RunAnalysis, check_file
 from ckptfs.storage.base import Storage
 from ckptfs.storage.redact import scrub_secrets
 from ckptfs.storage.registry import list_keys, open_target
+from ckptfs.store.loader import StorePool
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +173,9 @@ class _Checker:
         self.subset_runs = subset_runs
         self.max_decoded = max_decoded_bytes
         self.progress = progress
-        self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="ckptfs-verify")
+        # independent reads whose results are gathered in order: at interpreter exit they run
+        # in turn on the caller's thread, the same report (refused, verify could not read a file)
+        self.pool = StorePool(max_workers=max(1, workers), thread_name_prefix="ckptfs-verify")
         self.refs: dict[str, tuple[ArtifactRef, str]] = {}  # sha -> (ref, first referencing key)
         self.done = 0
         self.total = 0

@@ -54,7 +54,6 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ckptfs.errors import (
@@ -86,7 +85,7 @@ from ckptfs.storage.registry import list_keys
 from ckptfs.store.artifacts import TOUCH_AFTER
 from ckptfs.store.checkpoint_store import CheckpointStore
 from ckptfs.store.compactor import DEFAULT_SUPERSEDED_GRACE, CompactionPolicy, seconds_value
-from ckptfs.store.loader import gc_paused, unread_folders
+from ckptfs.store.loader import StorePool, gc_paused, unread_folders
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +107,10 @@ class Mirror:
         # the storages opened here from URLs, closed with the mirror (a caller's are its own)
         self._opened = [st for st, given in ((self.src, src), (self.dst, dst))
                         if not isinstance(given, Storage)]
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckptfs-mirror")
+        # Copies within a phase are independent and each phase is gathered before the next
+        # starts, so at interpreter exit they run in turn on the caller's thread: the same pass
+        # (refused, a MirrorJob in a non-daemon thread copied nothing once the main one returned).
+        self.pool = StorePool(max_workers=workers, thread_name_prefix="ckptfs-mirror")
         self.known: set[str] = set()  # artifact keys verified at dst; trusted for TOUCH_AFTER
         self.known_since = time.monotonic()
         self.lg_sent: dict[str, bytes] = {}  # LangGraph file -> sha256 the mirror holds (across passes)

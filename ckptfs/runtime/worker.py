@@ -57,6 +57,7 @@ from ckptfs.runtime.tool_log import PAID_PHASES, ToolLogs, ToolLogState, write_p
 from ckptfs.runtime.tools import IdempotentToolRunner, UnconfirmedActionError
 from ckptfs.store.checkpoint_store import CheckpointStore
 from ckptfs.store.leases import DEFAULT_TTL, Heartbeat, Lease, LeaseManager
+from ckptfs.store.loader import StorePool
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +148,7 @@ class Worker:
         self._claimed: set[tuple[str, str]] = set()
         self._claim_lock = threading.Lock()
         self._releases: list[concurrent.futures.Future[bool]] = []
-        self._release_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._release_pool: StorePool | None = None
         self._beats: dict[tuple[str, str], Heartbeat] = {}
         self._steps: dict[tuple[str, str], Step] = {}
         self._rng = random.Random()
@@ -508,8 +509,10 @@ class Worker:
 
     def _release_later(self, lease: Lease) -> None:
         if self._release_pool is None:
-            self._release_pool = concurrent.futures.ThreadPoolExecutor(
-                1, thread_name_prefix="ckptfs-lease-release")
+            # A release is one CAS on the step's own lease, waiting on nothing the caller holds:
+            # done inline at interpreter exit it lands the same, where a refusal escaped `work`
+            # of a non-daemon thread that outlived the main thread after its first step.
+            self._release_pool = StorePool(1, thread_name_prefix="ckptfs-lease-release")
         self._releases = [f for f in self._releases if not f.done()]
         self._releases.append(self._release_pool.submit(self.leases.release, lease))
 

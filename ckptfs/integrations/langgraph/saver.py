@@ -33,7 +33,7 @@ import operator
 import threading
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import langgraph.checkpoint.base as _lg_base
@@ -102,6 +102,7 @@ from ckptfs.storage.base import Storage
 from ckptfs.storage.local import LocalStorage
 from ckptfs.storage.logstore import LOG_NAME, Damage, LogStorage
 from ckptfs.storage.registry import open_storage
+from ckptfs.store.loader import StorePool
 
 logger = logging.getLogger(__name__)
 
@@ -245,7 +246,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         # A request's latency, not local CPU, is the cost of a read: get_tuple sends the GET of
         # the checkpoint and the listing of its writes together (one round trip, not two).
         self._remote = storage.capabilities.remote
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: StorePool | None = None
         self._lock = threading.Lock()
         self._last: dict[tuple[str, str], tuple[str, dict[str, Ref]]] = {}
         # (thread, ns) -> the greatest checkpoint key this saver wrote or read there: where a
@@ -311,8 +312,11 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             return None
         with self._lock:
             if self._pool is None:
-                # a read plan's objects (up to `full_every`) and the writes' listing at once
-                self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="ckptfs-lg-read")
+                # a read plan's objects (up to `full_every`) and the writes' listing at once. What
+                # runs here only overlaps the caller's own request and takes nothing it holds, so
+                # at interpreter exit it runs first on the caller's thread, the same outcome
+                # (refused, a graph in a non-daemon thread could not read its checkpoints)
+                self._pool = StorePool(max_workers=32, thread_name_prefix="ckptfs-lg-read")
             pool = self._pool
         return pool.submit(fn)
 
