@@ -2,13 +2,14 @@
 
 Once the main thread has returned, interpreter shutdown has begun: concurrent.futures refuses
 new work ("cannot schedule new futures after interpreter shutdown"). The store's own pools
-run such work in the calling thread (`ckptfs.store.loader.StorePool`); these are the pools
-that only overlap round trips the same way: a Worker's lease releases, verify's reads, the
-version listing's reads, a mirror pass's copies, the LangGraph saver's reads. Each operation
-below failed with that RuntimeError from such a thread, on a store that was fine.
+run such work in the calling thread (`ckptfs.store.pools.StorePool`); so do the pools that
+only overlap round trips the same way: a Worker's lease releases, verify's reads, the version
+listing's reads, a mirror pass's copies, the LangGraph saver's reads. Each operation below
+failed with that RuntimeError from such a thread, on a store that was fine.
 
-The agent's one-thread I/O pool is not among them: its group committer submits while holding
-its own lock and the submitted write takes that lock, so a write run inline deadlocks.
+The agent's one-thread write pool is an ordered StorePool: work refused at exit waits for what
+was queued before it. Its group committer used to submit while holding its own lock, which the
+submitted write takes: run inline, that deadlocked.
 
 On S3 the child opens its storage, and makes a request, before the main thread returns (as a
 program hands its non-daemon thread what it opened). A client's first request made after
@@ -210,3 +211,65 @@ def test_a_langgraph_saver_on_s3_reads_its_checkpoints(tmp_path: Path, s3_url: s
     """, s3_url, s3_opts)
     # was: FAILED RuntimeError cannot schedule new futures after interpreter shutdown
     assert out == {"id": newest, "n": 2, "writes": [["task-1", "n", 99]], "listed": [2, 1, 0]}
+
+
+def test_an_async_run_in_a_thread_that_outlives_the_main_one(tmp_path: Path) -> None:
+    """The agent's one-thread write pool, group committed: every write runs in the caller
+    once the main thread returned, in order (before: refused at the first commit; run inline
+    under the committer's own lock it deadlocked)."""
+    url = str(tmp_path / "s")
+    out = _after_main(tmp_path, """
+        import asyncio
+        from ckptfs import CheckpointedAgent
+        store = CheckpointStore(url, options)
+        agent = CheckpointedAgent(store)
+        run = agent.start_run("g", [Step(id=f"s{i}", title=f"s{i}") for i in range(6)], run_id="r")
+
+        async def paid(step):
+            await asyncio.sleep(0.001)
+            return "paid " + step
+
+        async def executor(step, prior):
+            return await agent.tools().arun("pay", {"step": step.id}, paid)
+
+        def work():
+            done = asyncio.run(agent.aexecute_run(run, executor, concurrency=3))
+            return {"status": done.status, "done": sorted(s.result for s in done.steps.values())}
+
+        after_main(work)
+    """, url)
+    assert out == {"status": "completed", "done": [f"paid s{i}" for i in range(6)]}, out
+    loaded = CheckpointStore(url).load_run("r")
+    assert loaded is not None and loaded.status == "completed"
+    store = CheckpointStore(url)
+    assert all([c.result for c in store.get_tool_call_history("r", f"s{i}")] == [f"paid s{i}"]
+               for i in range(6))
+
+
+def test_an_ordered_pool_runs_work_refused_at_exit_after_what_it_had_queued(tmp_path: Path) -> None:
+    """Work submitted while the exit hook drains the pool's queue runs after that queue, not
+    beside it: a write decided later never lands before one decided earlier."""
+    script = tmp_path / "ordered.py"
+    script.write_text(textwrap.dedent("""
+        import sys, threading, time
+        from ckptfs.store.pools import StorePool
+        pool = StorePool(1, ordered=True)
+        order = []
+
+        def task(i, pause=0.0):
+            time.sleep(pause)
+            order.append(i)
+
+        def submitter():
+            pool.submit(task, 0, 0.5)  # still running when the main thread returns
+            for i in range(1, 40):
+                pool.submit(task, i)
+                time.sleep(0.01)
+            time.sleep(0.6)
+            print("ORDER", order == sorted(order), order[:6], flush=True)
+
+        threading.Thread(target=submitter, daemon=False).start()
+        time.sleep(0.05)
+    """), encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert "ORDER True" in proc.stdout, (proc.stdout, proc.stderr[-2000:])

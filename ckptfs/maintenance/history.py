@@ -29,7 +29,7 @@ from ckptfs.format.reader import decode_run_file
 from ckptfs.storage.base import Storage
 from ckptfs.store.checkpoint_store import CheckpointStore
 from ckptfs.store.compactor import CompactionPolicy
-from ckptfs.store.loader import StorePool
+from ckptfs.store.pools import StorePool
 
 logger = logging.getLogger(__name__)
 

@@ -51,7 +51,7 @@ from ckptfs.maintenance.run_check import FileResult, RunAnalysis, check_file
 from ckptfs.storage.base import Storage
 from ckptfs.storage.redact import scrub_secrets
 from ckptfs.storage.registry import list_keys, open_target
-from ckptfs.store.loader import StorePool
+from ckptfs.store.pools import StorePool
 
 logger = logging.getLogger(__name__)
 

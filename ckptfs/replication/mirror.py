@@ -85,7 +85,8 @@ from ckptfs.storage.registry import list_keys
 from ckptfs.store.artifacts import TOUCH_AFTER
 from ckptfs.store.checkpoint_store import CheckpointStore
 from ckptfs.store.compactor import DEFAULT_SUPERSEDED_GRACE, CompactionPolicy, seconds_value
-from ckptfs.store.loader import StorePool, gc_paused, unread_folders
+from ckptfs.store.loader import gc_paused, unread_folders
+from ckptfs.store.pools import StorePool
 
 logger = logging.getLogger(__name__)
 

@@ -73,6 +73,7 @@ from ckptfs.runtime.tool_log import PAID_PHASES, ToolLogs, ToolLogState, write_p
 from ckptfs.runtime.tools import IdempotentToolRunner, UnconfirmedActionError
 from ckptfs.store.checkpoint_store import CheckpointStore
 from ckptfs.store.group_commit import GroupCommitter
+from ckptfs.store.pools import StorePool
 from ckptfs.store.values import ValuePlanner
 
 logger = logging.getLogger(__name__)
@@ -125,7 +126,7 @@ class CheckpointedAgent:
         self._active: dict[str, Execution] = {}
         self._known: set[str] = set()
         self._tool_logs = ToolLogs(checkpoint_store, self._tool_log_start)
-        self._io_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._io_pool: StorePool | None = None
         self._io_pending: set[concurrent.futures.Future[Any]] = set()
         self._committer: GroupCommitter | None = None
 
@@ -929,9 +930,11 @@ class CheckpointedAgent:
         fut = self._committer.submit(run_id, run=run, steps=steps or (), tool_calls=tool_calls or ())
         return int(await self._await_io(fut))
 
-    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
+    def _pool(self) -> StorePool:
         if self._io_pool is None:
-            self._io_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ckptfs-agent-io")
+            # ordered: at interpreter exit a write runs in the caller only after those queued
+            # before it (refused, an async run in a non-daemon thread could not commit at all)
+            self._io_pool = StorePool(1, thread_name_prefix="ckptfs-agent-io", ordered=True)
         return self._io_pool
 
     async def _await_io(self, fut: concurrent.futures.Future[Any]) -> Any:

@@ -57,7 +57,7 @@ from ckptfs.runtime.tool_log import PAID_PHASES, ToolLogs, ToolLogState, write_p
 from ckptfs.runtime.tools import IdempotentToolRunner, UnconfirmedActionError
 from ckptfs.store.checkpoint_store import CheckpointStore
 from ckptfs.store.leases import DEFAULT_TTL, Heartbeat, Lease, LeaseManager
-from ckptfs.store.loader import StorePool
+from ckptfs.store.pools import StorePool
 
 logger = logging.getLogger(__name__)
 

@@ -77,7 +77,8 @@ from ckptfs.store.compactor import CompactionPolicy, Compactor, Entry, RunCompac
 from ckptfs.store.group_commit import GroupPart
 from ckptfs.store.head import Head, logged
 from ckptfs.store.leases import Lease
-from ckptfs.store.loader import Loaded, LoadInfo, RunLoader, StorePool, gc_paused
+from ckptfs.store.loader import Loaded, LoadInfo, RunLoader, gc_paused
+from ckptfs.store.pools import StorePool
 from ckptfs.store.retention import RetentionResult, apply_retention, keeps_fences
 from ckptfs.store.sharing import catch_up
 from ckptfs.store.values import PendingArtifact, ValuePlanner

@@ -106,14 +106,20 @@ class GroupCommitter:
         part = GroupPart(run_id, run, list(steps), list(tool_calls))
         with self._lock:
             self._queue.append(part)
-            if not self._scheduled:
-                self._scheduled = True
-                try:
-                    self.executor.submit(self._drain)
-                except BaseException:
-                    self._scheduled = False
-                    self._queue.remove(part)
-                    raise
+            schedule, self._scheduled = not self._scheduled, True
+        if not schedule:
+            return part.future
+        # Outside the lock: an executor may run the write in this very thread (a StorePool at
+        # interpreter exit), and the write takes the lock.
+        try:
+            self.executor.submit(self._drain)
+        except BaseException as exc:
+            with self._lock:  # nothing will write what is queued: ours raises, the others fail
+                queued, self._queue, self._scheduled = self._queue, [], False
+            for other in queued:
+                if other is not part:
+                    other.fail(exc)
+            raise
         return part.future
 
     def _drain(self) -> None:

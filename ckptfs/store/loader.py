@@ -17,10 +17,10 @@ import gc
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 import msgspec
 from pydantic import ValidationError
@@ -51,15 +51,9 @@ from ckptfs.format.reader import (
 )
 from ckptfs.storage.base import Storage
 from ckptfs.store.artifacts import ArtifactStore
+from ckptfs.store.pools import StorePool
 
 logger = logging.getLogger(__name__)
-
-_P = ParamSpec("_P")
-_T = TypeVar("_T")
-
-# What ThreadPoolExecutor.submit raises, in every thread, once concurrent.futures' exit hook has
-# run: threading runs it when the main thread returns, before it joins the non-daemon threads.
-_REFUSED_AT_EXIT = "cannot schedule new futures after interpreter shutdown"
 
 PREFETCH_REMOTE = 8  # files a load reads ahead at once from a remote store
 PREFETCH_LOCAL = 2  # ... and from local disk (decompressing and hashing: CPU, not waits)
@@ -130,27 +124,6 @@ def gc_paused(promote: bool = False) -> Iterator[None]:
             gc.unfreeze()
         if was_enabled:
             gc.enable()
-
-
-class StorePool(ThreadPoolExecutor):
-    """The store's thread pools: work submitted once the interpreter is shutting down runs in
-    the calling thread. Those pools only overlap round trips and decompression, so the same
-    work done in turn gives the same result; refused, a non-daemon thread that outlives the
-    main thread could not load a run on any store, nor commit on S3 once its base is checked.
-    Any other refusal (the pool itself shut down) is raised as before."""
-
-    def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
-        try:
-            return super().submit(fn, *args, **kwargs)
-        except RuntimeError as exc:
-            if str(exc) != _REFUSED_AT_EXIT:
-                raise
-        done: Future[_T] = Future()
-        try:
-            done.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # on the future, as a worker thread would put it
-            done.set_exception(exc)
-        return done
 
 
 @dataclass

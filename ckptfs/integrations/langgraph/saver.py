@@ -102,7 +102,7 @@ from ckptfs.storage.base import Storage
 from ckptfs.storage.local import LocalStorage
 from ckptfs.storage.logstore import LOG_NAME, Damage, LogStorage
 from ckptfs.storage.registry import open_storage
-from ckptfs.store.loader import StorePool
+from ckptfs.store.pools import StorePool
 
 logger = logging.getLogger(__name__)
 
