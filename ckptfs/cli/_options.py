@@ -214,11 +214,11 @@ def holds_anything(storage: Storage) -> bool:
         return False
     except (TypeError, AttributeError) as exc:  # an option of a type the backend cannot use
         raise ConfigError(SCRUBBER.scrub(
-            f"{name_cut(storage.display_url)}: a storage option has a value of the wrong type "
+            f"{storage.display_name}: a storage option has a value of the wrong type "
             f"({_quoted_error(exc)})")) from None
     except Exception as exc:  # botocore/s3fs raise many types for a bad endpoint
         raise StorageUnavailableError(SCRUBBER.scrub(
-            f"{name_cut(storage.display_url)}: cannot list the store: {_quoted_error(exc)}")) from None
+            f"{storage.display_name}: cannot list the store: {_quoted_error(exc)}")) from None
 
 
 def _quoted_error(exc: BaseException) -> str:

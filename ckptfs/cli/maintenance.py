@@ -29,6 +29,7 @@ from ckptfs.cli._common import (
     whole_number,
 )
 from ckptfs.cli._options import add_json_arg, add_store_args, nothing_stored, open_existing, store_target
+from ckptfs.errors import name_cut
 
 if TYPE_CHECKING:
     from ckptfs.maintenance.verify import Report
@@ -137,7 +138,7 @@ def _render_report(report: Report) -> None:
                                 key=lambda f: (order[f.severity], f.run or "", f.version or 0))]
         cols = [Col("severity"), Col("run", 3), Col("ver", 2, justify="right"), Col("code"),
                 Col("file", 1), Col("what is wrong", flex=True, min_width=20)]
-        print_table(console, cols, rows, title=f"ckptfs verify {report.url}")
+        print_table(console, cols, rows, title=f"ckptfs verify {name_cut(report.url)}")
     counts = report.to_dict()["counts"]
     subset = f", artifact subset {report.subset}" if report.subset else ""
     verdict = "[green]clean[/green]" if report.ok else "[red]problems found[/red]"
@@ -192,7 +193,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
                      else f"{len(kept)}: " + ", ".join(f"v{v}" for v in kept) + graced if kept
                      else f"fewer than {args.keep_last} valid: nothing removed",
                      str(len(r.deleted)), what or "-"])
-    title = f"prune {report.url} --keep-last {args.keep_last}" + (" (dry run)" if args.dry_run else "")
+    title = (f"prune {name_cut(report.url)} --keep-last {args.keep_last}"
+             + (" (dry run)" if args.dry_run else ""))
     if rows:
         print_table(console, [Col("run"), Col("kept snapshots", 1), Col(verb, justify="right"),
                               Col("files", flex=True)], rows, title=title)
@@ -225,7 +227,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
     storage = open_existing(store_target(args))
     report = forget(storage, args.run_id, dry_run=args.dry_run, force=args.force)
     if not report.found:
-        raise run_not_found(args.run_id, storage.display_url)
+        raise run_not_found(args.run_id, storage.display_name)
     if report.refused:
         held = ", ".join(f"{lease.step_id} by {lease.holder} ({lease.written_s_ago:.0f}s ago)"
                          for lease in report.live_leases[:3])
@@ -247,7 +249,7 @@ def cmd_forget(args: argparse.Namespace) -> int:
         for key in report.deleted:
             console.print(f"  {verb} {key}", markup=False, soft_wrap=True)
     console.print(f"{verb} {len(report.deleted)} file(s) of run {args.run_id} ({report.versions} "
-                  f"version(s)) in {storage.display_url}; its artifacts stay until `ckptfs prune` "
+                  f"version(s)) in {storage.display_name}; its artifacts stay until `ckptfs prune` "
                   "finds them unreferenced", markup=False)
     for key, why in report.kept:
         warn(f"kept {key}: {why}; not ckptfs's, so never deleted (move it away by hand)")

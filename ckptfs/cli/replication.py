@@ -51,7 +51,7 @@ from ckptfs.cli._options import (
     refuse_process_memory,
     storage_options_from_args,
 )
-from ckptfs.errors import ConfigError
+from ckptfs.errors import ConfigError, name_cut
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -155,8 +155,9 @@ def _table(report: TransferReport) -> None:
     cols = [Col("run"), Col("status"), Col("version", justify="right"), Col("snap", 2, justify="right"),
             Col("copied", 4, justify="right"), Col("skipped", 3, justify="right"),
             Col("bytes", 1, justify="right"), Col("note", flex=True)]
-    print_table(out(), cols, rows, title=f"{verb} {report.src} -> {report.dst} ({report.seconds:.2f}s, "
-                                          f"{report.retries} retries)")
+    # the report keeps each store's name whole (its JSON's "src" and "dst"); a title cuts them
+    print_table(out(), cols, rows, title=f"{verb} {name_cut(report.src)} -> {name_cut(report.dst)} "
+                                          f"({report.seconds:.2f}s, {report.retries} retries)")
 
 
 def _finish(report: TransferReport, as_json: bool) -> int:
@@ -307,7 +308,8 @@ def _scheduled(args: argparse.Namespace, src: str, dst: str, src_opts: dict[str,
     old = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     job.start()
     when = f"every {interval:g}s" if interval is not None else f"on cron {cron!r}"
-    err().print(f"mirroring {job.src_display} -> {job.dst_display} {when}; Ctrl-C to stop",
+    err().print(f"mirroring {name_cut(job.src_display)} -> {name_cut(job.dst_display)} {when}; "
+                "Ctrl-C to stop",
                 markup=False, soft_wrap=True)
     try:
         job.tick()  # a first pass right away, then on schedule

@@ -143,7 +143,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
         try:
             validate_id(run_id, "run id")
         except InvalidIdError as exc:  # a stray directory (.snapshot of a NAS): not a run
-            warn(f"{store.url}: runs/{run_id[:60]}: not a run, ignored ({exc}); `ckptfs verify` reports it")
+            warn(f"{storage.display_name}: runs/{run_id[:60]}: not a run, ignored ({exc}); "
+                 "`ckptfs verify` reports it")
             continue
         try:
             s = store.run_summary(run_id)
@@ -182,14 +183,16 @@ def cmd_runs(args: argparse.Namespace) -> int:
                       "yes" if r["resumable"] else "no", str(r.get("goal", ""))])
     console = out()
     if rows:
-        print_table(console, cols, table, title=f"runs in {store.url}")
+        print_table(console, cols, table, title=f"runs in {storage.display_name}")
     else:
-        console.print(f"no runs in {store.url}", markup=False)
+        console.print(f"no runs in {storage.display_name}", markup=False)
     for r in rows:  # the table's last column cuts a long reason short
         if r["status"] in ("corrupt", "unreadable"):
             warn(f"{r['run_id']}: {r['error']}")
     if threads:
-        console.print(f"and {threads} LangGraph thread(s) under langgraph/: ckptfs threads {store.url}",
+        # a command to type again only when the name is shown whole: a cut one is no URL
+        again = storage.display_url if storage.display_name == storage.display_url else "URL"
+        console.print(f"and {threads} LangGraph thread(s) under langgraph/: ckptfs threads {again}",
                       markup=False)
     return code
 
@@ -250,9 +253,9 @@ def _load(storage: Storage, run_id: str, version: int | None, artifacts: bool = 
     def no_such_version() -> CliError:
         have = [i.version for i in list_versions(storage, run_id)]
         if not have:
-            return run_not_found(run_id, storage.display_url, storage)
+            return run_not_found(run_id, storage.display_name, storage)
         return CliError(f"run {run_id!r} has no version {version} that loads in "
-                        f"{storage.display_url}; it has {len(have)}: {version_list(have)} "
+                        f"{storage.display_name}; it has {len(have)}: {version_list(have)} "
                         "(`ckptfs versions` says which a restore can target)", kind="not-found")
 
     # Artifacts resolved (and their sha256 checked) by default: show and diff must report the
@@ -278,11 +281,11 @@ def _load(storage: Storage, run_id: str, version: int | None, artifacts: bool = 
         shown = first_of(problems)
         what = "no stored version could be loaded" if version is None else \
             f"version {version} could not be loaded"
-        raise CliError(f"run {run_id!r} in {storage.display_url}: {what} "
+        raise CliError(f"run {run_id!r} in {storage.display_name}: {what} "
                        f"({len(exc.problems)} problem(s): {shown}); see `ckptfs verify`",
                        kind="corrupt") from None
     if state is None:
-        raise run_not_found(run_id, storage.display_url, storage)
+        raise run_not_found(run_id, storage.display_name, storage)
     return state
 
 
@@ -406,7 +409,7 @@ def cmd_versions(args: argparse.Namespace) -> int:
     keys = storage.list(run_prefix(args.run_id))  # one listing, for the versions and the folders
     infos = list_versions(storage, args.run_id, keys=keys)
     if not infos:
-        raise run_not_found(args.run_id, storage.display_url, storage)
+        raise run_not_found(args.run_id, storage.display_name, storage)
     # a run folder that is a link or a file: the versions behind it are listed by nothing here,
     # and the table would say "a restore can target v15" of a run whose log/ held v16 and v17
     blocked = blocked_run_dirs(keys)
@@ -440,7 +443,7 @@ def cmd_versions(args: argparse.Namespace) -> int:
             Col("done", 6, justify="right"), Col("failed", 1, justify="right"), Col("restore", 7),
             Col("writer", 0)]
     console = out()
-    print_table(console, cols, rows, title=f"versions of {args.run_id} in {storage.display_url}")
+    print_table(console, cols, rows, title=f"versions of {args.run_id} in {storage.display_name}")
     console.print(f"{len(infos)} version(s); a restore can target {len(points)}: "
                   f"{version_list(sorted(points))}", soft_wrap=True)
     if unread:
@@ -541,8 +544,14 @@ def _refuse_inside_store(given: str, target: Path, storage: Storage) -> None:
     if root is None:
         return
     if _within(os.path.realpath(target), root):
-        raise CliError(f"--output {given}: is inside the store {storage.display_url}; an export "
-                       "must not write among the store's files (give a path outside it)")
+        # both cut: a path inside a long store's root is longer still (two of 4,000 characters
+        # made one line of 8,000); redacted first, as a cut credential is no longer found whole
+        from ckptfs.errors import name_cut
+        from ckptfs.storage.redact import redact_mangled
+
+        raise CliError(f"--output {name_cut(redact_mangled(given))}: is inside the store "
+                       f"{storage.display_name}; an export must not write among the store's "
+                       "files (give a path outside it)")
 
 
 def _within(where: str, root: str) -> bool:

@@ -189,13 +189,13 @@ def list_threads(args: argparse.Namespace, storage: Storage) -> int:
         return code
     console = out()
     if not rows:
-        console.print(f"no LangGraph threads in {storage.display_url}", markup=False)
+        console.print(f"no LangGraph threads in {storage.display_name}", markup=False)
         return code
     table = [[clip(r["thread_id"], 40), r["checkpoint_ns"] or "(root)", str(r["checkpoints"]),
               str(r["pending_writes"]), age(r["newest_time"]), r["newest"] or "-"] for r in rows]
     cols = [Col("thread"), Col("ns", 3), Col("ckpts", justify="right"), Col("writes", 2, justify="right"),
             Col("newest", 4), Col("newest checkpoint", flex=True, min_width=12)]
-    print_table(console, cols, table, title=f"LangGraph threads in {storage.display_url}")
+    print_table(console, cols, table, title=f"LangGraph threads in {storage.display_name}")
     return code
 
 
@@ -226,7 +226,7 @@ def show_thread(args: argparse.Namespace, storage: Storage) -> int:
     # a deleted thread leaves its empty directory on local disk: `threads` does not list it, and
     # `show --thread` must not show it as a thread with no checkpoints either (exit 0, "[]")
     if seg not in thread_ids(storage) or not storage.list(f"{lg_threads_prefix()}{seg}/"):
-        raise CliError(f"thread {clip(args.thread)!r} not found in {storage.display_url}", kind="not-found")
+        raise CliError(f"thread {clip(args.thread)!r} not found in {storage.display_name}", kind="not-found")
     rows: list[dict[str, Any]] = []
     damaged: list[dict[str, Any]] = []
     with _namespaces(storage, seg) as namespaces:
@@ -263,5 +263,5 @@ def show_thread(args: argparse.Namespace, storage: Storage) -> int:
               r.get("error") or ", ".join(r.get("channels_written", [])) or "-"] for r in rows]
     cols = [Col("checkpoint"), Col("ns", 2), Col("step", justify="right"), Col("source", 3),
             Col("at", 4), Col("writes", 1, justify="right"), Col("channels written", flex=True)]
-    print_table(out(), cols, table, title=f"thread {clip(args.thread)} in {storage.display_url}")
+    print_table(out(), cols, table, title=f"thread {clip(args.thread)} in {storage.display_name}")
     return code

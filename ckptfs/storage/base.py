@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, ClassVar, TypeVar
 
+from ckptfs.errors import name_cut
 from ckptfs.format.keys import TEMP_MARKER as TEMP_MARKER
 from ckptfs.storage.redact import redact_options, redact_url
 
@@ -125,6 +126,17 @@ class Storage(ABC):
         self.url = url
         self.display_url = redact_url(url)
         self.options = dict(options or {})
+
+    @property
+    def display_name(self) -> str:
+        """The store as a message or a title names it: `display_url` cut past NAMED_CHARS
+        (`name_cut`); a 5,000-character prefix, repeated by every message, made each that long.
+
+        `display_url` itself stays whole: it is the store's name where one is kept or compared
+        (`describe()`, a report's and a --json document's "url", which a script matches against
+        the URL it gave), and a cut one is no name of the store. Derived, not stored, so a
+        wrapper that takes its inner storage's `display_url` names the store the same way."""
+        return name_cut(self.display_url)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.display_url!r})"

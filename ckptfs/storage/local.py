@@ -127,7 +127,7 @@ class LocalStorage(Storage):
     # ------------------------------------------------------------------ errors, in words
 
     def _not_writable(self, key: str, why: str, change: str = "write") -> StoreNotWritableError:
-        return StoreNotWritableError(f"{self.display_url}: cannot {change} {key}: {why}")
+        return StoreNotWritableError(f"{self.display_name}: cannot {change} {key}: {why}")
 
     def _write_error(self, key: str, exc: OSError | LinkRefused, change: str = "write") -> Exception:
         """The domain error for a failed change of `key`: a read-only store or a link is one
@@ -141,7 +141,7 @@ class LocalStorage(Storage):
         if exc.errno == errno.EISDIR:
             return self._not_writable(key, "a directory is in the way", change)
         if exc.errno == errno.ENOTDIR:
-            return StorageUnavailableError(f"{self.display_url}: {exc.strerror}: {exc.filename or key}")
+            return StorageUnavailableError(f"{self.display_name}: {exc.strerror}: {exc.filename or key}")
         return exc
 
     def _read_error(self, key: str, exc: OSError | LinkRefused | NotRegular, dir_fd: int = -1,
@@ -436,7 +436,7 @@ class LocalStorage(Storage):
         except FileNotFoundError:
             return
         except LinkRefused as exc:
-            logger.warning("%s: not deleting %s: %s", self.display_url, ", ".join(keys[:3]), exc.reason)
+            logger.warning("%s: not deleting %s: %s", self.display_name, ", ".join(keys[:3]), exc.reason)
             return
         except OSError as exc:
             raise self._write_error(keys[0], exc, "delete") from None
@@ -449,11 +449,11 @@ class LocalStorage(Storage):
                 except FileNotFoundError:
                     continue
                 except IsADirectoryError:
-                    logger.warning("%s: not deleting %s: it is a directory", self.display_url, key)
+                    logger.warning("%s: not deleting %s: it is a directory", self.display_name, key)
                     continue
                 except OSError as exc:
                     if exc.errno == errno.EPERM and stat.S_ISDIR(lstat_mode(dfd, name) or 0):
-                        logger.warning("%s: not deleting %s: it is a directory", self.display_url, key)
+                        logger.warning("%s: not deleting %s: it is a directory", self.display_name, key)
                         continue
                     raise self._write_error(key, exc, "delete") from None
                 removed = True
@@ -524,10 +524,10 @@ class LocalStorage(Storage):
                 return [prefix]
             return []
         except PermissionError as exc:
-            raise StorageUnavailableError(f"{self.display_url}: cannot list {prefix!r}: "
+            raise StorageUnavailableError(f"{self.display_name}: cannot list {prefix!r}: "
                                           f"{exc.strerror}") from None
         except NotADirectoryError:
-            raise StorageUnavailableError(f"{self.display_url}: not a directory") from None
+            raise StorageUnavailableError(f"{self.display_name}: not a directory") from None
         out: list[str] = []
         self._walk(fd, "/".join(parts) + "/" if parts else "", out)
         out = [key_name(k) for k in out]
@@ -576,13 +576,13 @@ class LocalStorage(Storage):
                     if exc.errno in REFUSED:
                         out.append(rel + name)  # turned into a link or a file since the scan
                     else:
-                        logger.warning("%s: cannot list %s%s/: %s", self.display_url, rel, name,
+                        logger.warning("%s: cannot list %s%s/: %s", self.display_name, rel, name,
                                        exc.strerror)
                     continue
                 if len(stack) >= MAX_DEPTH:
                     os.close(sub)
                     logger.warning("%s: not listing below %s%s/: deeper than %d levels",
-                                   self.display_url, rel, name, MAX_DEPTH)
+                                   self.display_name, rel, name, MAX_DEPTH)
                     continue
                 try:
                     subdirs = self._scan(sub, f"{rel}{name}/", out)
@@ -602,7 +602,7 @@ class LocalStorage(Storage):
         except (FileNotFoundError, NotADirectoryError, LinkRefused):
             return []
         except PermissionError as exc:
-            raise StorageUnavailableError(f"{self.display_url}: cannot list {prefix!r}: "
+            raise StorageUnavailableError(f"{self.display_name}: cannot list {prefix!r}: "
                                           f"{exc.strerror}") from None
         try:
             with os.scandir(fd) as it:
@@ -617,15 +617,15 @@ class LocalStorage(Storage):
         StoreNotWritableError naming the store and the key."""
         if os.path.exists(self.root):
             if not os.path.isdir(self.root):
-                raise StorageUnavailableError(f"{self.display_url}: not a directory")
+                raise StorageUnavailableError(f"{self.display_name}: not a directory")
             if not os.access(self.root, os.R_OK | os.X_OK):
-                raise StorageUnavailableError(f"{self.display_url}: no read permission on {self.root}")
+                raise StorageUnavailableError(f"{self.display_name}: no read permission on {self.root}")
             return
         parent = self.root
         while not os.path.exists(parent):
             parent = os.path.dirname(parent)
         if not os.access(parent, os.W_OK | os.X_OK):
-            raise StorageUnavailableError(f"{self.display_url}: does not exist, and there is no "
+            raise StorageUnavailableError(f"{self.display_name}: does not exist, and there is no "
                                           f"write permission on {parent} to create it")
 
     def local_root(self) -> str:
@@ -635,7 +635,7 @@ class LocalStorage(Storage):
         """An existing root this user cannot write in (permission bits, a read-only mount):
         access(2) answers both without writing a byte. A root still to be made is `check`'s."""
         if os.path.isdir(self.root) and not os.access(self.root, os.W_OK | os.X_OK):
-            raise StoreNotWritableError(f"{self.display_url}: no write permission on {self.root} "
+            raise StoreNotWritableError(f"{self.display_name}: no write permission on {self.root} "
                                         "(a read-only directory or filesystem, or not this user's?)")
 
 

@@ -171,6 +171,6 @@ def list_keys(storage: Storage, prefix: str) -> list[str]:
         # the URL cut by name, the error's long words cut (an OSError quotes the whole path),
         # each after its secrets are hidden: a cut secret is no longer found whole
         why = cut_long_words(scrub_secrets(f"{type(exc).__name__}: {exc}", storage.options))
-        msg = scrub_secrets(f"{name_cut(storage.display_url)}: cannot list the store: {why}",
+        msg = scrub_secrets(f"{storage.display_name}: cannot list the store: {why}",
                             storage.options)
         raise StorageUnavailableError(msg) from None

@@ -182,11 +182,11 @@ class RetryingStorage(Storage):
                     connect_failures += CONNECT_ATTEMPTS if "timeout" in str(exc).lower() else 1
                     if connect_failures >= CONNECT_ATTEMPTS or attempt == self.attempts:
                         raise RetriesExhausted(
-                            f"{self.display_url}: {what} {key!r}: the endpoint cannot be reached "
+                            f"{self.display_name}: {what} {key!r}: the endpoint cannot be reached "
                             f"({_attempts(connect_failures)}): {exc}") from exc
                     delay = CONNECT_RETRY_DELAY
                 elif attempt == self.attempts:
-                    raise RetriesExhausted(f"{self.display_url}: {what} {key!r} still failing after "
+                    raise RetriesExhausted(f"{self.display_name}: {what} {key!r} still failing after "
                                            f"{_attempts(self.attempts)}: {exc}") from exc
                 else:
                     delay = random.uniform(0, min(self.max_delay,
@@ -195,7 +195,7 @@ class RetryingStorage(Storage):
                     self.retries += 1
                 # a first connection that failed is retried once, quietly: its error says it all
                 logger.log(logging.INFO if connect_failures else logging.WARNING,
-                           "%s: %s %r failed (%s); retry %d/%d in %.2fs", self.display_url,
+                           "%s: %s %r failed (%s); retry %d/%d in %.2fs", self.display_name,
                            what, key, exc, attempt, self.attempts - 1, delay)
                 self._sleep(delay)
                 if rewind is not None:
@@ -235,7 +235,7 @@ class RetryingStorage(Storage):
                     etag = self._holds(key, data)
                     if etag is not None:
                         logger.info("%s: %s %r: a retry met the write of an earlier attempt; it "
-                                    "landed", self.display_url, what, key)
+                                    "landed", self.display_name, what, key)
                         return etag
                 raise
             except Exception:

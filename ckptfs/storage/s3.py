@@ -178,7 +178,7 @@ class S3Storage(Storage):
         try:
             self.fs = cls(**opts)
         except TypeError as exc:
-            raise ConfigError(f"{self.display_url}: bad storage option: {exc}") from None
+            raise ConfigError(f"{self.display_name}: bad storage option: {exc}") from None
 
     def single_attempt(self) -> S3Storage:
         if not self.client_retries:
@@ -213,7 +213,7 @@ class S3Storage(Storage):
         Names the key and the permission; the server's words are scrubbed of every secret in
         the options (the store's URL is already redacted)."""
         return StoreNotWritableError(
-            f"{self.display_url}: cannot {change} {key}: access denied ({_CHANGE_ACTIONS[change]} "
+            f"{self.display_name}: cannot {change} {key}: access denied ({_CHANGE_ACTIONS[change]} "
             f"refused by an IAM or bucket policy?): {scrub_secrets(detail, self.options)}")
 
     @contextlib.contextmanager
@@ -232,14 +232,14 @@ class S3Storage(Storage):
         except (FileExistsError, PreconditionFailed, FileNotFoundError) as exc:
             code = s3_error(exc)[0]
             if code in _UNAVAILABLE_CODES:
-                raise StorageUnavailableError(f"{self.display_url}: {code}: {exc}") from None
+                raise StorageUnavailableError(f"{self.display_name}: {code}: {exc}") from None
             raise
         except StorageUnavailableError:
             raise
         except PermissionError as exc:
             if change is not None and s3_error(exc)[0] in _DENIED_CODES:
                 raise self._denied(key, change, str(exc)) from None
-            raise StorageUnavailableError(f"{self.display_url}: access refused: {exc}") from None
+            raise StorageUnavailableError(f"{self.display_name}: access refused: {exc}") from None
         except OSError as exc:
             code = s3_error(exc)[0]
             if code == "PreconditionFailed":
@@ -248,16 +248,16 @@ class S3Storage(Storage):
                 raise FileNotFoundError(key) from None
             if code in ("ConditionalRequestConflict", "409"):
                 raise PreconditionFailed(f"{key}: concurrent conditional write") from None
-            raise StorageUnavailableError(f"{self.display_url}: {code or ''} {exc}") from None
+            raise StorageUnavailableError(f"{self.display_name}: {code or ''} {exc}") from None
         except (ValueError, TypeError) as exc:
             # botocore refuses a malformed endpoint or an unknown option only at the first call
-            raise ConfigError(f"{self.display_url}: bad S3 settings: {scrub_secrets(str(exc), self.options)}"
+            raise ConfigError(f"{self.display_name}: bad S3 settings: {scrub_secrets(str(exc), self.options)}"
                               ) from None
         except Exception as exc:  # botocore connection errors and the like
             name = type(exc).__name__
             if ("Connect" in name or "Endpoint" in name or "Credentials" in name or "Timeout" in name
                     or "Checksum" in name):  # a body damaged in transit: retried (retry.py)
-                raise StorageUnavailableError(f"{self.display_url}: {name}: {exc}") from None
+                raise StorageUnavailableError(f"{self.display_name}: {name}: {exc}") from None
             raise
 
     def _put(self, key: str, data: bytes, **cond: str) -> str:
@@ -290,7 +290,7 @@ class S3Storage(Storage):
             if etag is None:
                 raise FileExistsError(key) from None
             logger.info("%s: %s: a retried exclusive PUT met its own first attempt; it landed",
-                        self.display_url, key)
+                        self.display_name, key)
             return etag
 
     def put_if_match(self, key: str, data: bytes, etag: str) -> str:
@@ -303,7 +303,7 @@ class S3Storage(Storage):
             if landed is None:
                 raise
             logger.info("%s: %s: a retried conditional PUT met its own first attempt; it landed",
-                        self.display_url, key)
+                        self.display_name, key)
             return landed
 
     def _holds(self, key: str, data: bytes) -> str | None:
@@ -389,7 +389,7 @@ class S3Storage(Storage):
                                        f"{len(errors)} of {len(chunk)} objects refused, first with "
                                        f"{first.get('Code')}: {first.get('Message')}")
                 raise StorageUnavailableError(
-                    f"{self.display_url}: could not delete {len(errors)} of {len(chunk)} objects, "
+                    f"{self.display_name}: could not delete {len(errors)} of {len(chunk)} objects, "
                     f"first {self._rel(first.get('Key', ''))!r}: {first.get('Code')} {first.get('Message')}")
 
     def size(self, key: str) -> int:
@@ -463,7 +463,7 @@ class S3Storage(Storage):
                                 Prefix=f"{self.prefix}/" if self.prefix else "")
         except FileNotFoundError:
             raise StorageUnavailableError(
-                f"{self.display_url}: bucket {self.bucket!r} does not exist") from None
+                f"{self.display_name}: bucket {self.bucket!r} does not exist") from None
 
 
 # -------------------------------------------------------------------------------- factory
