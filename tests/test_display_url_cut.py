@@ -148,6 +148,8 @@ ERRORS = [
     (["diff", "r", "1", "99"], 2, "not-found"),
     (["export", "nope"], 2, "not-found"),
     (["forget", "nope"], 2, "not-found"),
+    (["verify", "--run", "nope"], 2, "not-found"),
+    (["prune", "--keep-last", "1", "--run", "nope"], 2, "not-found"),
 ]
 
 

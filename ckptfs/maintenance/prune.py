@@ -176,7 +176,7 @@ def prune(
     unseen = [k for k in blocked_run_dirs(keys) if k.split("/")[1] not in listing.runs]
     if run_id is not None and not run_ids:
         note = f"; {not_a_directory(unseen)}, so no version of it can be read" if unseen else ""
-        raise RunNotFoundError(f"run {run_id!r} not found in {storage.display_url}{note}")
+        raise RunNotFoundError(f"run {run_id!r} not found in {storage.display_name}{note}")
     report.problems += [f"{not_a_directory([k])}: no version of run {k.split('/')[1]!r} can be read; "
                         "it is not pruned" for k in unseen]
     for rid in run_ids:

@@ -325,7 +325,7 @@ def _verify(checker: _Checker, storage: Storage, report: Report, run_id: str | N
     keys = list_keys(storage, f"{RUNS}/{run_id}/" if run_id is not None else "")
     if not keys:
         if run_id is not None:
-            raise RunNotFoundError(f"run {run_id!r} not found in {storage.display_url}")
+            raise RunNotFoundError(f"run {run_id!r} not found in {storage.display_name}")
         report.empty = True
         report.add("info", "empty", "nothing is stored under this URL")
         return

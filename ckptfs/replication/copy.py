@@ -148,7 +148,7 @@ class Copier:
         artifact is missing at the source", sending the operator to a healthy store."""
         why = exc.strerror if exc.strerror else str(exc)
         where = f" ({exc.filename})" if exc.filename else ""
-        return CopyMissing(f"{key}: cannot write to the destination {self.dst.display_url}: "
+        return CopyMissing(f"{key}: cannot write to the destination {self.dst.display_name}: "
                            f"{why}{where}")
 
     def _artifact_small(self, src: Storage, ref: ArtifactRef, replace: bool) -> None:

@@ -85,7 +85,7 @@ def restore(src_url: StorageLike, dst_url: StorageLike, run_id: str | None = Non
         ids = run_ids(m.src, run_id, skipped=report.runs)
         lg_keys = list_keys(m.src, LANGGRAPH_ENTRY) if run_id is None else []
         if not ids and not lg_keys:
-            report.errors.append(f"{m.src.display_url} holds no runs to restore")
+            report.errors.append(f"{m.src.display_name} holds no runs to restore")
         if lg_keys:
             report.runs.append(restore_langgraph(m, lg_keys, prog))
         for rid in ids:
@@ -290,7 +290,7 @@ def _restore_point(m: Mirror, run_id: str, files: list[RunFile], version: int | 
         strays = sorted({f.key for f in dst_files} - {f.key for f in chain.files})
         if strays:
             res.status = "conflict"
-            res.error = (f"{m.dst.display_url} already holds {len(strays)} other file(s) of run "
+            res.error = (f"{m.dst.display_name} already holds {len(strays)} other file(s) of run "
                          f"{run_id!r} (e.g. {strays[0]}); restore into a fresh URL")
             return res
         # Publish: artifacts, records, and last the file every load of the point starts from
@@ -312,7 +312,7 @@ def _restore_point(m: Mirror, run_id: str, files: list[RunFile], version: int | 
         clash = [f.key for f, fut in zip(present, same, strict=True) if not fut.result()]
         if clash:
             res.status = "conflict"
-            res.error = (f"{m.dst.display_url} already holds {len(clash)} different file(s) under the "
+            res.error = (f"{m.dst.display_name} already holds {len(clash)} different file(s) under the "
                          f"names of run {run_id!r} (e.g. {clash[0]}); restore into a fresh URL")
             return res
         held = {f.key for f in present}  # these very bytes are there: nothing to copy, read once

@@ -139,7 +139,7 @@ class LeaseManager:
                  clock: Callable[[], float] = time.monotonic) -> None:
         caps = storage.capabilities
         if not (caps.exclusive_create and caps.conditional_put and caps.shared):
-            raise ConfigError(f"{storage.display_url}: leases need a shared backend with exclusive "
+            raise ConfigError(f"{storage.display_name}: leases need a shared backend with exclusive "
                               "create and compare-and-swap (local disk, S3); "
                               f"{type(storage).__name__} has not got them")
         if not 0 < ttl <= 86_400:

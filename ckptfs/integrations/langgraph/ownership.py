@@ -194,7 +194,7 @@ class ThreadLeases:
                  sleep: Callable[[float], None] = time.sleep) -> None:
         caps = storage.capabilities
         if not (caps.exclusive_create and caps.conditional_put):
-            raise ConfigError(f"{storage.display_url}: one writer per thread needs exclusive create and "
+            raise ConfigError(f"{storage.display_name}: one writer per thread needs exclusive create and "
                               f"compare-and-swap, which {type(storage).__name__} has not got")
         if not 0 < ttl <= 86_400:
             raise ConfigError(f"lease_ttl must be in (0, 86400] seconds, got {ttl!r}")

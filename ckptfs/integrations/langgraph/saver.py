@@ -270,7 +270,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         if exclusive and caps.shared and caps.exclusive_create and caps.conditional_put:
             self.leases = leases_for(storage, lease_ttl, lease_idle)
         elif exclusive:
-            logger.debug("%s: not shared between processes, so no thread leases", storage.display_url)
+            logger.debug("%s: not shared between processes, so no thread leases", storage.display_name)
 
     def __repr__(self) -> str:
         return f"CkptfsSaver({self.storage.display_url!r})"
@@ -590,7 +590,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         the history it holds, and the next mirror pass deletes what this saver writes there."""
         if isinstance(self.storage, LogStorage) or not self.storage.exists(prefix + LOG_NAME):
             return
-        raise ConfigError(f"{self.storage.display_url} holds LangGraph thread {shown(thread_id)} as a "
+        raise ConfigError(f"{self.storage.display_name} holds LangGraph thread {shown(thread_id)} as a "
                           f"record log ({prefix}{LOG_NAME}), which this saver does not read (off local "
                           "disk, or log=False): a mirror's copy is restored first (ckptfs restore "
                           "MIRROR DST, then CkptfsSaver(DST)); on local disk, open it with log=True")
@@ -1313,7 +1313,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         a thread written after it knows whether a removal came since (`_enter_gate`)."""
         self._started_over = erasures.sequence()
         logger.debug("saver on %s: memory of %d threads forgotten (more than %d)",
-                     self.storage.display_url, len(self._epochs), _MAX_THREADS)
+                     self.storage.display_name, len(self._epochs), _MAX_THREADS)
         self._values.clear()
         self._plans.clear()
         with self._lock:
