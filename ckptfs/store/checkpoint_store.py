@@ -483,9 +483,7 @@ class CheckpointStore:
             # the lengths agree (the packed frame states its content size).
             if old is not None and (old == model_json if not codec.is_packed(old)
                                     else codec.packed_equals(old, model_json)):
-                # NaN in an optional float (started_at) serialises as null, the bytes of None:
-                # "no change" must not acknowledge a value the caller's run holds and no load has
-                self._values.check_optional_floats(head.run_id, step)
+                self._values.check_unchanged(head.run_id, step.id, step, model_json)
                 continue
             self._values.check_storable(head.run_id, step.id, step)
             changes.steps[step.id] = self._values.offload_step(step, model_json, pending)
@@ -615,6 +613,8 @@ class CheckpointStore:
                 run_json = self._values.model_json_of(p.run, run_id, None, exclude={"steps"})
                 if run_json != head.run_json:
                     self._values.check_storable(run_id, None, p.run, exclude=frozenset({"steps"}))
+                else:
+                    self._values.check_unchanged(run_id, None, p.run, run_json, frozenset({"steps"}))
             # A part with the run has its steps checked against their keys as `commit` does:
             # `run.steps["x"] = Step(id="y")` would be acknowledged as "x" and stored as "y".
             steps = p.steps if p.run is None else self._values.require_all_given(p.run, p.steps)
@@ -797,6 +797,8 @@ class CheckpointStore:
                 if run_json != head.run_json:
                     self._values.check_storable(run_id, None, run, exclude=frozenset({"steps"}))
                     changes.run = run_json
+                else:
+                    self._values.check_unchanged(run_id, None, run, run_json, frozenset({"steps"}))
             elif run_fields is not None and run_fields != head.run_json:
                 changes.run = run_fields  # checked by whoever built it (`_totals_plus`)
             removed = [sid for sid in head.steps_cmp if sid not in run.steps] if full and run else []

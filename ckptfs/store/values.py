@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -165,16 +164,16 @@ class ValuePlanner:
         if len(run.steps) != len(stored) + len(new):
             cls.require_steps(run)
 
-    @staticmethod
-    def check_optional_floats(run_id: str, step: Step) -> None:
-        """NonFiniteValueError for a NaN or infinity in a step's optional float fields, which
-        serialise as null and so look unchanged; O(1), for steps whose JSON did not change."""
-        for name in ("started_at", "completed_at"):
-            v = getattr(step, name)
-            if isinstance(v, float) and not math.isfinite(v):
-                raise NonFiniteValueError(run_id, step.id, name,
-                                          f"{v!r} is not a number JSON can hold (it would be "
-                                          "written as null, which a load returns as None)")
+    @classmethod
+    def check_unchanged(cls, run_id: str, step_id: str | None, model: BaseModel, model_json: bytes,
+                        exclude: frozenset[str] = frozenset()) -> None:
+        """`check_storable` for a model whose JSON equals what is stored: NaN and infinities
+        serialise as null, the bytes of None, so "no change" must not acknowledge a value the
+        caller holds and no load gives back (a NaN put where None is stored, in a float field
+        or a metadata entry). Only JSON holding a null can hide one: an unchanged model
+        without one costs a byte scan."""
+        if b"null" in model_json:
+            cls.check_storable(run_id, step_id, model, exclude=exclude)
 
     @staticmethod
     def model_json_of(model: BaseModel, run_id: str, step_id: str | None, prefix: str = "",
