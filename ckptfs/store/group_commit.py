@@ -33,15 +33,26 @@ Errors, decided per part so one bad step does not sink the others in its record:
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import logging
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from ckptfs.format.models import AgentRun, Step, ToolCall
 
 logger = logging.getLogger(__name__)
+
+
+def _frozen(metadata: dict[str, Any]) -> dict[str, Any]:
+    """A deep copy of the run's metadata as it is now. Something that cannot be copied is no
+    value a store holds either: the shallow copy then goes on, and the commit refuses it by
+    name."""
+    try:
+        return copy.deepcopy(metadata)
+    except Exception:
+        return dict(metadata)
 
 
 @dataclass
@@ -98,11 +109,12 @@ class GroupCommitter:
         goes on changing the live run meanwhile (another step finishes and adds its spend to
         `total_tokens`), and a record written with those totals but without that step's
         completion made a crash keep the spend and lose the step, so the resume counted it
-        twice. The copy is shallow (the steps stay shared; a part names its own) but for
-        `metadata`, whose dict the runtime edits in place.
+        twice. The steps stay shared (a part names its own); `metadata` is copied whole, as
+        the runtime and executors edit it in place, nested dicts too (a usage counter under
+        metadata["usage"] written with another step's record made the same double count).
         """
         if run is not None:
-            run = run.model_copy(update={"metadata": dict(run.metadata)})
+            run = run.model_copy(update={"metadata": _frozen(run.metadata)})
         part = GroupPart(run_id, run, list(steps), list(tool_calls))
         with self._lock:
             self._queue.append(part)
