@@ -24,6 +24,8 @@ _T = TypeVar("_T")
 _REFUSED_AT_EXIT = ("cannot schedule new futures after interpreter shutdown",
                     "cannot schedule new futures after shutdown")
 
+_FollowUp = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
 
 class StorePool(ThreadPoolExecutor):
     """A pool whose work, submitted once the interpreter is shutting down, runs in the caller.
@@ -32,43 +34,77 @@ class StorePool(ThreadPoolExecutor):
     same work done in turn gives the same result. `ordered=True` is for a one-thread pool whose
     tasks must run one at a time in the order submitted (the agent's store writes: a step's
     completion never lands before those it depended on): work run in the caller first waits
-    for everything submitted before it, and such runs take turns.
+    for everything accepted before it, and such runs take turns. What a task of the pool
+    submits to it at exit runs after that task, as the pool's queue would have run it (waiting
+    instead, for the task itself or its turn, never ended).
     """
 
     def __init__(self, max_workers: int | None = None, thread_name_prefix: str = "", *,
                  ordered: bool = False) -> None:
         super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
         self._ordered = ordered
-        self._last: Future[Any] | None = None  # ordered: the newest task the pool accepted
-        self._turns = threading.Lock()  # ordered: one task run in a caller at a time
         self._closed = False  # shut down by its owner: a refusal then is one
+        self._last: Future[Any] | None = None  # ordered: the newest task the pool accepted
+        self._order = threading.Lock()  # ordered: a task accepted and noted newest at once
+        self._turns = threading.Lock()  # ordered: one task run in a caller at a time
+        self._running = threading.local()  # ordered: `follow_ups` of this thread's running task
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self._closed = True
         super().shutdown(wait=wait, cancel_futures=cancel_futures)
 
+    def _at_exit(self, exc: RuntimeError) -> bool:
+        return not self._closed and str(exc) in _REFUSED_AT_EXIT
+
     def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
-        try:
-            fut = super().submit(fn, *args, **kwargs)
-        except RuntimeError as exc:
-            if self._closed or str(exc) not in _REFUSED_AT_EXIT:
-                raise
-        else:
-            if self._ordered:
-                self._last = fut
-            return fut
         if not self._ordered:
+            try:
+                return super().submit(fn, *args, **kwargs)
+            except RuntimeError as exc:
+                if not self._at_exit(exc):
+                    raise
             return _run_here(fn, *args, **kwargs)
+        with self._order:
+            try:
+                fut: Future[_T] = super().submit(self._task, fn, args, kwargs)
+            except RuntimeError as exc:
+                if not self._at_exit(exc):
+                    raise
+                last = self._last
+            else:
+                self._last = fut
+                return fut
+        follow_ups: list[_FollowUp] | None = getattr(self._running, "follow_ups", None)
+        if follow_ups is not None:  # a task of this pool is running here: after it, in order
+            later: Future[_T] = Future()
+            follow_ups.append((later, fn, args, kwargs))
+            return later
         with self._turns:
-            if self._last is not None:
-                wait([self._last])  # the pool's thread finishes its queue before it exits
-            return _run_here(fn, *args, **kwargs)
+            if last is not None:
+                wait([last])  # the pool's thread finishes its queue before it exits
+            return _run_here(self._task, fn, args, kwargs)
+
+    def _task(self, fn: Callable[..., _T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> _T:
+        """One task of an ordered pool; what it submits once the pool refuses runs after it."""
+        outer = getattr(self._running, "follow_ups", None)
+        follow_ups: list[_FollowUp] = []
+        self._running.follow_ups = follow_ups
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self._running.follow_ups = outer
+            for later, f, a, k in follow_ups:  # each a task of its own, its follow-ups after it
+                _settle(later, self._task, f, a, k)
 
 
-def _run_here(fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
-    done: Future[_T] = Future()
+def _settle(done: Future[Any], fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
     try:
         done.set_result(fn(*args, **kwargs))
     except BaseException as exc:  # on the future, as a worker thread would put it
         done.set_exception(exc)
+
+
+def _run_here(fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
+    done: Future[_T] = Future()
+    _settle(done, fn, *args, **kwargs)
     return done
