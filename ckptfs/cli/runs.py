@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shlex
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -190,8 +191,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
         if r["status"] in ("corrupt", "unreadable"):
             warn(f"{r['run_id']}: {r['error']}")
     if threads:
-        # a command to type again only when the name is shown whole: a cut one is no URL
-        again = storage.display_url if storage.display_name == storage.display_url else "URL"
+        # a command to type again only when the name is shown whole: a cut or redacted one is
+        # no URL (and a path with a space is one word only quoted)
+        whole = storage.display_name == storage.display_url == storage.url
+        again = shlex.quote(storage.display_url) if whole else "URL"
         console.print(f"and {threads} LangGraph thread(s) under langgraph/: ckptfs threads {again}",
                       markup=False)
     return code
