@@ -1,7 +1,10 @@
 """The embedded S3 server used by `make demo` and the tests: moto on 127.0.0.1.
 
-Starts a real HTTP S3 endpoint (moto's ThreadedMotoServer), waits until it answers,
-creates the bucket, and stops cleanly. Nothing leaves the machine: it binds loopback only.
+Starts a real HTTP S3 endpoint (moto's WSGI app on werkzeug's threaded server), waits until it
+answers, creates the bucket, and stops cleanly. Nothing leaves the machine: it binds loopback
+only. Writes are made atomic here (`AtomicWrites`), as S3's are: moto checks a conditional PUT's
+If-None-Match / If-Match and then stores, unlocked, so two racing exclusive creates could both
+succeed (6 threads racing one key under load: 2 winners in 1 of 150 races).
 
     python -m backends.s3.embedded --bucket ckptfs-demo     # runs until Ctrl-C
     with EmbeddedS3(bucket="b") as s3: CheckpointStore(s3.url("prefix"), s3.storage_options)
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import logging
 import os
 import signal
@@ -27,6 +31,35 @@ FAKE_CREDENTIALS = {
 }
 
 
+_WRITES = frozenset({"PUT", "POST", "DELETE"})
+
+
+class AtomicWrites:
+    """WSGI middleware: one object-changing request at a time, its body read before the lock.
+
+    S3 decides a conditional write atomically against every other write to the key; moto's
+    check-then-store does not, under a threaded server. ckptfs's exclusivity (commits, leases,
+    fences) rests on that atomicity, so the embedded server provides it. Reads stay parallel,
+    and a slow upload does not hold the lock (its body is read first).
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("REQUEST_METHOD") not in _WRITES:
+            return self.app(environ, start_response)
+        from werkzeug.wsgi import get_input_stream  # honours Content-Length and chunked bodies
+
+        body = get_input_stream(environ).read()
+        environ.pop("wsgi.input_terminated", None)  # now a plain body of CONTENT_LENGTH bytes
+        environ["wsgi.input"] = io.BytesIO(body)
+        environ["CONTENT_LENGTH"] = str(len(body))
+        with self.lock:
+            return list(self.app(environ, start_response))  # the whole reply, under the lock
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -41,6 +74,7 @@ class EmbeddedS3:
         self.region = region
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._server: Any = None
+        self._thread: threading.Thread | None = None
 
     @property
     def storage_options(self) -> dict[str, Any]:
@@ -55,7 +89,12 @@ class EmbeddedS3:
         return f"s3://{b}/{prefix}".rstrip("/")
 
     def start(self, timeout: float = 20.0) -> EmbeddedS3:
-        from moto.server import ThreadedMotoServer
+        from moto.moto_server.werkzeug_app import (
+            DomainDispatcherApplication,
+            MotoRequestHandler,
+            create_backend_app,
+        )
+        from werkzeug.serving import make_server
 
         for k, v in FAKE_CREDENTIALS.items():
             os.environ.setdefault(k, v)
@@ -63,8 +102,12 @@ class EmbeddedS3:
         # werkzeug prints one line per request unless told otherwise: a demo or a benchmark
         # doing thousands of requests would drown its own output
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
-        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
-        self._server.start()
+        app = AtomicWrites(DomainDispatcherApplication(create_backend_app))
+        self._server = make_server("127.0.0.1", self.port, app, threaded=True,
+                                   request_handler=MotoRequestHandler)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="embedded-s3",
+                                        daemon=True)
+        self._thread.start()
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -102,8 +145,11 @@ class EmbeddedS3:
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.stop()
-            self._server = None
+            self._server.shutdown()
+            self._server.server_close()
+            if self._thread is not None:
+                self._thread.join()
+            self._server = self._thread = None
 
     def __enter__(self) -> EmbeddedS3:
         return self.start()
