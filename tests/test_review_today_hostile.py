@@ -420,7 +420,9 @@ def test_group_committer_with_a_failing_executor_leaves_no_part_waiting() -> Non
     executor.pool.shutdown(wait=True)
     assert not waiting, f"{len(waiting)} of {len(futures)} futures never resolved"
     failed = [f for f in futures if f.exception() is not None]
-    assert raised[0] and failed and len(failed) < len(futures)
+    # Whether a refused drain found others' parts queued depends on the schedule: a refusal
+    # always happens, and what failed failed for it, while most parts landed.
+    assert raised[0] and len(failed) < len(futures)
     assert all("after shutdown" in str(f.exception()) for f in failed)
 
 
