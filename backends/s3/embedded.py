@@ -7,7 +7,7 @@ If-None-Match / If-Match and then stores, unlocked, so two racing exclusive crea
 succeed (6 threads racing one key under load: 2 winners in 1 of 150 races).
 
     python -m backends.s3.embedded --bucket ckptfs-demo     # runs until Ctrl-C
-    with EmbeddedS3(bucket="b") as s3: CheckpointStore(s3.url("prefix"), s3.storage_options)
+    with EmbeddedS3(bucket="my-bucket") as s3: CheckpointStore(s3.url("prefix"), s3.storage_options)
 """
 
 from __future__ import annotations
