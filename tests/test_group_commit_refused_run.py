@@ -13,8 +13,6 @@ on local disk, and a fresh store reads back only what was stored.
 
 from __future__ import annotations
 
-import concurrent.futures
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,7 +20,7 @@ import pytest
 
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
 from ckptfs.errors import NonFiniteValueError, UnstorableValueError
-from ckptfs.store.group_commit import GroupCommitter
+from tests._held_writer import OneWrite
 
 RUN = "m"
 
@@ -52,25 +50,6 @@ def setup(tmp_path: Path) -> Iterator[tuple[str, CheckpointStore, AgentRun]]:
     store.save_run(run)
     yield url, store, run
     store.close()
-
-
-class OneWrite:
-    """A GroupCommitter whose writer is held until `write()`: what is submitted before it
-    shares one grouped write (checked by `write`)."""
-
-    def __init__(self, store: CheckpointStore) -> None:
-        self.pool = concurrent.futures.ThreadPoolExecutor(1)
-        self.gate = threading.Event()
-        self.pool.submit(self.gate.wait)
-        self.committer = GroupCommitter(store, self.pool)
-
-    def write(self) -> None:
-        self.close()
-        assert (self.committer.writes, self.committer.parts) == (1, 2)  # one group of two
-
-    def close(self) -> None:
-        self.gate.set()
-        self.pool.shutdown(wait=True)
 
 
 @pytest.fixture

@@ -53,6 +53,7 @@ from ckptfs.errors import RunStoppedError, UnstorableValueError
 from ckptfs.integrations.langgraph import CkptfsSaver
 from ckptfs.runtime.execution import ProgressEvent
 from ckptfs.store.group_commit import GroupCommitter
+from tests._held_writer import OneWrite
 
 ROOT = str(Path(__file__).resolve().parent.parent)
 RUN = "m"
@@ -71,21 +72,6 @@ def _done(step: Step, result: str) -> Step:
     return step
 
 
-class _HeldWriter:
-    """A GroupCommitter whose one writer thread is held until `write()`: what is submitted
-    before shares one grouped write."""
-
-    def __init__(self, store: CheckpointStore) -> None:
-        self.pool = concurrent.futures.ThreadPoolExecutor(1)
-        self.gate = threading.Event()
-        self.pool.submit(self.gate.wait)
-        self.committer = GroupCommitter(store, self.pool)
-
-    def write(self) -> None:
-        self.gate.set()
-        self.pool.shutdown(wait=True)
-
-
 # ------------------------------------------------------------------ group commit: run fields
 
 
@@ -98,9 +84,9 @@ def nested(tmp_path: Path) -> Any:
         run.add_step(Step(id=f"s{i}", title="t"))
     run.metadata["stats"] = {"phase": "saved"}
     store.save_run(run)
-    held = _HeldWriter(store)
+    held = OneWrite(store)
     yield url, store, run, held
-    held.write()
+    held.close()
     store.close()
 
 
@@ -114,7 +100,7 @@ def test_a_refused_last_parts_nested_run_fields_are_not_written(nested: Any) -> 
     misfiled = Step(id="y", title="t")
     run.steps["x"] = misfiled  # refused: acknowledged as "x", it would load as "y"
     bad = held.committer.submit(RUN, run=run, steps=[misfiled])
-    held.write()
+    held.close()
 
     assert isinstance(bad.exception(), UnstorableValueError)
     assert good.result() == 2
@@ -132,7 +118,7 @@ def test_a_part_is_not_refused_for_a_value_put_in_after_it_was_submitted(nested:
     good = held.committer.submit(RUN, run=run, steps=[_done(run.steps["s0"], "zero")])
     run.metadata["stats"]["phase"] = float("nan")
     bad = held.committer.submit(RUN, run=run, steps=[_done(run.steps["s1"], "one")])
-    held.write()
+    held.close()
 
     assert isinstance(bad.exception(), UnstorableValueError)
     assert good.exception() is None, good.exception()  # was: NonFiniteValueError metadata.stats.phase
@@ -211,9 +197,9 @@ def test_nan_where_none_is_stored_is_refused(tmp_path: Path, where: str, how: st
         except UnstorableValueError as exc:
             outcome = exc
     else:
-        held = _HeldWriter(store)
+        held = OneWrite(store)
         fut = held.committer.submit(RUN, run=run, steps=[run.steps["s0"]])
-        held.write()
+        held.close()
         outcome = fut.exception() or fut.result()
     store.close()
     loaded = _fresh(url)
