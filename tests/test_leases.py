@@ -164,8 +164,17 @@ def test_heartbeat_keeps_a_lease_and_reports_losing_it(tmp_path: Path) -> None:
     with Heartbeat(m, lease) as hb:
         threading.Event().wait(1.0)  # 2.5 ttls: without renewals it would have run out
         assert hb.check().renewals >= 3
-        # someone overwrites the lease (as a takeover would): the next beat notices
-        storage.put(lease_key("r1", "s1"), storage.get(lease_key("r1", "s1")).replace(b'"m"', b'"x"'))
+        # someone overwrites the lease as a takeover would: a conditional write on what it read
+        # (a plain put could land between a renewal's etag check and its rename, and be lost:
+        # lease writers only ever use the conditional ones). The next beat notices.
+        key = lease_key("r1", "s1")
+        while True:
+            body, etag = storage.get_with_etag(key)
+            try:
+                storage.put_if_match(key, body.replace(b'"m"', b'"x"'), etag)
+                break
+            except PreconditionFailed:
+                continue  # a renewal landed between our read and our write: read it again
         deadline = time.monotonic() + 10.0  # a beat is due within ttl/4; a loaded machine is late
         with pytest.raises(LeaseLostError, match="taken it over"):
             while time.monotonic() < deadline:
