@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from functools import partial
 from typing import Any, ParamSpec, TypeVar
 
 _P = ParamSpec("_P")
@@ -36,7 +37,10 @@ class StorePool(ThreadPoolExecutor):
     completion never lands before those it depended on): work run in the caller first waits
     for everything accepted before it, and such runs take turns. What a task of the pool
     submits to it at exit runs after that task, as the pool's queue would have run it (waiting
-    instead, for the task itself or its turn, never ended).
+    instead, for the task itself or its turn, never ended): after its future is set too, or a
+    caller waiting on the task could see the follow-up's effect first, and a follow-up waiting
+    on its task would never end. So the future handed out is set by the task itself, and the
+    pool's own future for it (what later work waits its turn on) only once its follow-ups ran.
     """
 
     def __init__(self, max_workers: int | None = None, thread_name_prefix: str = "", *,
@@ -64,37 +68,49 @@ class StorePool(ThreadPoolExecutor):
                 if not self._at_exit(exc):
                     raise
             return _run_here(fn, *args, **kwargs)
+        done: Future[_T] = Future()
         with self._order:
             try:
-                fut: Future[_T] = super().submit(self._task, fn, args, kwargs)
+                turn = super().submit(self._task, done, fn, args, kwargs)
             except RuntimeError as exc:
                 if not self._at_exit(exc):
                     raise
                 last = self._last
             else:
-                self._last = fut
-                return fut
+                self._last = turn
+                turn.add_done_callback(partial(_cancel_with, done))
+                return done
         follow_ups: list[_FollowUp] | None = getattr(self._running, "follow_ups", None)
         if follow_ups is not None:  # a task of this pool is running here: after it, in order
-            later: Future[_T] = Future()
-            follow_ups.append((later, fn, args, kwargs))
-            return later
+            follow_ups.append((done, fn, args, kwargs))
+            return done
         with self._turns:
             if last is not None:
                 wait([last])  # the pool's thread finishes its queue before it exits
-            return _run_here(self._task, fn, args, kwargs)
+            self._task(done, fn, args, kwargs)
+        return done
 
-    def _task(self, fn: Callable[..., _T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> _T:
-        """One task of an ordered pool; what it submits once the pool refuses runs after it."""
+    def _task(self, done: Future[_T], fn: Callable[..., _T], args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> None:
+        """One task of an ordered pool; what it submits once the pool refuses runs after it,
+        its future set (a waiter on it must not see a follow-up's effect first)."""
+        if not done.set_running_or_notify_cancel():  # cancelled by whoever holds it
+            return
         outer = getattr(self._running, "follow_ups", None)
         follow_ups: list[_FollowUp] = []
-        self._running.follow_ups = follow_ups
+        self._running.follow_ups = follow_ups  # the future's callbacks submit after it too
         try:
-            return fn(*args, **kwargs)
+            _settle(done, fn, *args, **kwargs)
         finally:
             self._running.follow_ups = outer
-            for later, f, a, k in follow_ups:  # each a task of its own, its follow-ups after it
-                _settle(later, self._task, f, a, k)
+        for later, f, a, k in follow_ups:  # each a task of its own, its follow-ups after it
+            self._task(later, f, a, k)
+
+
+def _cancel_with(done: Future[Any], turn: Future[Any]) -> None:
+    """A turn the pool cancelled (shut down with cancel_futures) never runs: nor does its task."""
+    if turn.cancelled():
+        done.cancel()
 
 
 def _settle(done: Future[Any], fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> None:
