@@ -16,6 +16,7 @@ from typing import IO, Any
 
 from ckptfs.errors import ConfigError, StorageUnavailableError, StoreNotWritableError
 from ckptfs.storage.base import COPY_CHUNK, Capabilities, Keys, PreconditionFailed, Storage, check_key
+from ckptfs.storage.exit_pools import serve_blocking_calls_at_exit
 from ckptfs.storage.redact import scrub_secrets
 
 logger = logging.getLogger(__name__)
@@ -179,6 +180,8 @@ class S3Storage(Storage):
             self.fs = cls(**opts)
         except TypeError as exc:
             raise ConfigError(f"{self.display_name}: bad storage option: {exc}") from None
+        if self.fs.loop is not None:  # None only with asynchronous=True, which no sync call serves
+            serve_blocking_calls_at_exit(self.fs.loop)
 
     def single_attempt(self) -> S3Storage:
         if not self.client_retries:

@@ -1,34 +1,28 @@
-"""Thread pools that keep working once the interpreter is shutting down.
+"""The store's thread pools, which keep working once the interpreter is shutting down.
 
-When the main thread returns, threading runs concurrent.futures' exit hook before it joins the
-non-daemon threads; from then on every `ThreadPoolExecutor.submit` raises. A program whose
-non-daemon thread outlives the main one (a worker loop, a graph run handed to a thread) would
-then fail to load, verify, mirror or commit on a store that is fine. These pools run such work
-in the calling thread instead; any other refusal (the pool itself shut down) is raised as before.
+Once the main thread has returned, every pool refuses work (see storage/exit_pools.py), and a
+program whose non-daemon thread outlives the main one would fail to load, verify, mirror or
+commit on a store that is fine. These pools run such work in the calling thread instead; any
+other refusal (the pool itself shut down) is raised as before.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from functools import partial
 from typing import Any, ParamSpec, TypeVar
+
+from ckptfs.storage.exit_pools import ExitAwarePool
 
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
-# What ThreadPoolExecutor.submit raises once concurrent.futures' exit hook has run (threading
-# runs it when the main thread returns, before it joins the non-daemon threads): the first
-# until the pool's own thread has seen the hook, the second after (the thread marks its pool
-# shut down on its way out), as if the owner had shut it down.
-_REFUSED_AT_EXIT = ("cannot schedule new futures after interpreter shutdown",
-                    "cannot schedule new futures after shutdown")
-
 _FollowUp = tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 
 
-class StorePool(ThreadPoolExecutor):
+class StorePool(ExitAwarePool):
     """A pool whose work, submitted once the interpreter is shutting down, runs in the caller.
 
     Unordered (the default) suits pools that only overlap round trips and decompression: the
@@ -47,25 +41,17 @@ class StorePool(ThreadPoolExecutor):
                  ordered: bool = False) -> None:
         super().__init__(max_workers=max_workers, thread_name_prefix=thread_name_prefix)
         self._ordered = ordered
-        self._closed = False  # shut down by its owner: a refusal then is one
         self._last: Future[Any] | None = None  # ordered: the newest task the pool accepted
         self._order = threading.Lock()  # ordered: a task accepted and noted newest at once
         self._turns = threading.Lock()  # ordered: one task run in a caller at a time
         self._running = threading.local()  # ordered: `follow_ups` of this thread's running task
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        self._closed = True
-        super().shutdown(wait=wait, cancel_futures=cancel_futures)
-
-    def _at_exit(self, exc: RuntimeError) -> bool:
-        return not self._closed and str(exc) in _REFUSED_AT_EXIT
 
     def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
         if not self._ordered:
             try:
                 return super().submit(fn, *args, **kwargs)
             except RuntimeError as exc:
-                if not self._at_exit(exc):
+                if not self.refused_at_exit(exc):
                     raise
             return _run_here(fn, *args, **kwargs)
         done: Future[_T] = Future()
@@ -73,7 +59,7 @@ class StorePool(ThreadPoolExecutor):
             try:
                 turn = super().submit(self._task, done, fn, args, kwargs)
             except RuntimeError as exc:
-                if not self._at_exit(exc):
+                if not self.refused_at_exit(exc):
                     raise
                 last = self._last
             else:
