@@ -73,7 +73,9 @@ def _flush_at_exit() -> None:
     first and closes the client's HTTP session; the next request opens a new one, which
     aiobotocore builds in the event loop's default executor, and that executor stopped
     taking work when `concurrent.futures` shut its pools ("cannot schedule new futures after
-    shutdown", logged once per pending record, and the deltas and snapshots were lost)."""
+    shutdown", logged once per pending record, and the deltas and snapshots were lost). S3
+    storage now gives that loop an executor that still serves at exit (storage/exit_pools.py);
+    the early hook stays, so the flush still runs before non-daemon threads are joined."""
     deadline = time.monotonic() + EXIT_FLUSH_SECONDS
     with _exit_lock:  # a WeakSet refuses to be iterated while another thread adds to it
         started = list(_started)

@@ -680,7 +680,10 @@ def _release_at_exit() -> None:
 # Before the interpreter shuts its thread pools down (S3 clients need them), where the stdlib
 # offers the hook; plain atexit runs after that.
 _early_exit_hook: Callable[[Callable[[], None]], None] | None = getattr(threading, "_register_atexit", None)
-if _early_exit_hook is not None:
-    _early_exit_hook(_release_at_exit)
-else:  # pragma: no cover - every CPython since 3.9 has the hook
-    atexit.register(_release_at_exit)
+try:
+    if _early_exit_hook is not None:
+        _early_exit_hook(_release_at_exit)
+    else:  # pragma: no cover - every CPython since 3.9 has the hook
+        atexit.register(_release_at_exit)
+except RuntimeError:  # first imported after main() returned: too late for exit hooks, and the
+    pass  # leases it takes then run out by their ttl instead of being released
