@@ -42,6 +42,8 @@ from ckptfs.cli._render import (
     timestamp,
     version_list,
 )
+from ckptfs.errors import NAMED_CHARS, name_cut
+from ckptfs.storage.redact import redact_mangled
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -507,34 +509,54 @@ def cmd_export(args: argparse.Namespace) -> int:
     doc = {"url": storage.display_url, **state.to_dict()}
     if target is not None:
         _write_output(args.output, target, dumps_json(doc) + "\n")
-        err().print(f"exported {args.run_id} v{state.version} to {args.output}", markup=False,
+        err().print(f"exported {args.run_id} v{state.version} to {_shown(args.output)}", markup=False,
                     soft_wrap=True)
         return EXIT_OK
     emit_json(doc)
     return EXIT_OK
 
 
+def _shown(path: str | Path) -> str:
+    """A path the user gave, as a message names it: redacted first (a cut credential is no
+    longer found whole to hide), then cut as a store's name is (`name_cut`). Whole, a path of
+    thousands of characters made each line about it as long, twice where its folder is named."""
+    return name_cut(redact_mangled(str(path)))
+
+
 def _output_path(given: str) -> Path:
     """The file `--output` names, checked before anything is read: a directory, or a file in a
     directory that does not exist, is bad input (exit 2 naming the path), not a traceback after
-    the whole run was loaded. A symlink is followed, as a plain write would follow it."""
+    the whole run was loaded. A symlink is followed, as a plain write would follow it.
+
+    So is a path the OS will not look up (a name past NAME_MAX, a folder on the way this user
+    may not search, a link loop): it was "unexpected OSError", exit 3, quoting the path whole."""
+    import errno
     import os
     import stat
     from pathlib import Path
 
-    with contextlib.suppress(OSError):
-        if not stat.S_ISREG(mode := os.stat(given).st_mode) and not stat.S_ISDIR(mode):
-            return Path(given)  # /dev/stdout, a FIFO, a device: written in place, as given
+    shown = _shown(given)
+    try:
+        mode: int | None = os.stat(given).st_mode
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR):  # ENOTDIR: its folder's check says it
+            denied = exc.errno in (errno.EACCES, errno.EPERM)
+            raise CliError(f"--output {shown}: {exc.strerror}",
+                           kind="not-writable" if denied else "usage") from None
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        return Path(given)  # /dev/stdout, a FIFO, a device: written in place, as given
+    if mode is not None and stat.S_ISDIR(mode):
+        example = Path(given) / "export.json"
+        raise CliError(f"--output {shown}: is a directory; give a file name (e.g. "
+                       f"{_shown(example) if len(str(example)) <= NAMED_CHARS else 'export.json in it'})")
     target = Path(os.path.realpath(given))
-    if target.is_dir():
-        raise CliError(f"--output {given}: is a directory; give a file name (e.g. "
-                       f"{Path(given) / 'export.json'})")
-    if not target.parent.is_dir():
-        what = "is not a directory" if target.parent.exists() else "does not exist"
-        raise CliError(f"--output {given}: its directory {Path(given).parent} {what}")
+    if not os.path.isdir(target.parent):
+        what = "is not a directory" if os.path.exists(target.parent) else "does not exist"
+        raise CliError(f"--output {shown}: its directory {_shown(Path(given).parent)} {what}")
     if not os.access(target.parent, os.W_OK | os.X_OK):  # said now, not after the whole run was read
-        raise CliError(f"--output {given}: cannot write in {target.parent} (no permission, or a "
-                       "read-only file system)", kind="not-writable")
+        raise CliError(f"--output {shown}: cannot write in {_shown(target.parent)} (no permission, "
+                       "or a read-only file system)", kind="not-writable")
     return target
 
 
@@ -548,11 +570,8 @@ def _refuse_inside_store(given: str, target: Path, storage: Storage) -> None:
         return
     if _within(os.path.realpath(target), root):
         # both cut: a path inside a long store's root is longer still (two of 4,000 characters
-        # made one line of 8,000); redacted first, as a cut credential is no longer found whole
-        from ckptfs.errors import name_cut
-        from ckptfs.storage.redact import redact_mangled
-
-        raise CliError(f"--output {name_cut(redact_mangled(given))}: is inside the store "
+        # made one line of 8,000)
+        raise CliError(f"--output {_shown(given)}: is inside the store "
                        f"{storage.display_name}; an export must not write among the store's "
                        "files (give a path outside it)")
 
@@ -592,18 +611,21 @@ def _write_output(given: str, target: Path, text: str) -> None:
     import os
     import stat
 
+    shown = _shown(given)
     try:
-        mode = os.stat(target).st_mode
+        mode: int | None = os.stat(target).st_mode
     except FileNotFoundError:
         mode = None
+    except OSError as exc:  # changed since `_output_path` looked
+        raise CliError(f"--output {shown}: cannot write it: {exc.strerror}") from None
     if mode is not None and not stat.S_ISREG(mode):
         try:
             with open(target, "w", encoding="utf-8") as out_file:
                 out_file.write(text)
         except OSError as exc:
-            raise CliError(f"--output {given}: cannot write it: {exc.strerror or exc}") from None
+            raise CliError(f"--output {shown}: cannot write it: {exc.strerror or exc}") from None
         return
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp = _temp_beside(target)
     created = False
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -617,7 +639,23 @@ def _write_output(given: str, target: Path, text: str) -> None:
         if created:
             with contextlib.suppress(OSError):
                 tmp.unlink()
-        raise CliError(f"--output {given}: cannot write it: {exc.strerror or exc}") from None
+        raise CliError(f"--output {shown}: cannot write it: {exc.strerror or exc}") from None
+
+
+def _temp_beside(target: Path) -> Path:
+    """The temporary file `_write_output` renames over `target`: named after it, where that
+    name fits the file system's limit. A target of a name near the limit was refused, "File
+    name too long", though a plain write to it works: its temp's name was the longer one."""
+    import os
+
+    name = f".{target.name}.{os.getpid()}.tmp"
+    try:
+        most = os.pathconf(target.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        most = 255  # NAME_MAX of every common Linux file system
+    if len(os.fsencode(name)) > most:
+        name = f".export.{os.getpid()}.tmp"
+    return target.with_name(name)
 
 
 # -------------------------------------------------------------------------------- threads

@@ -15,7 +15,7 @@ import stat
 from collections.abc import Iterator, Mapping, Sequence
 from typing import IO, Any, NamedTuple
 
-from ckptfs.errors import StorageUnavailableError, StoreNotWritableError, UnreadableFileError
+from ckptfs.errors import StorageUnavailableError, StoreNotWritableError, UnreadableFileError, name_cut
 from ckptfs.storage.base import TEMP_MARKER, Capabilities, Keys, PreconditionFailed, Storage, check_key
 from ckptfs.storage.fs import (
     DENIED,
@@ -49,6 +49,12 @@ _NO_TMPFILE = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
 def _named(exc: OSError, key: str) -> OSError:
     """`exc` naming the key, not the "." or /proc path the call was made with."""
     return OSError(exc.errno, exc.strerror, key)
+
+
+def _names_a_path(exc: OSError) -> bool:
+    """Whether `exc` is about the root's path or a folder made on the way to it: the only calls
+    made with a whole path. Below the root each is made beside a directory fd with one name."""
+    return isinstance(exc.filename, str) and os.path.isabs(exc.filename)
 
 
 class _Unlinked(Exception):
@@ -141,8 +147,21 @@ class LocalStorage(Storage):
         if exc.errno == errno.EISDIR:
             return self._not_writable(key, "a directory is in the way", change)
         if exc.errno == errno.ENOTDIR:
-            return StorageUnavailableError(f"{self.display_name}: {exc.strerror}: {exc.filename or key}")
-        return exc
+            where = name_cut(exc.filename) if _names_a_path(exc) else exc.filename or key
+            return StorageUnavailableError(f"{self.display_name}: {exc.strerror}: {where}")
+        return self._root_error(exc)
+
+    def _root_error(self, exc: OSError) -> OSError:
+        """`exc`, unless it is about the root's own path (opening or making it, see
+        `_names_a_path`): then the store was not reached at all, a StorageUnavailableError
+        naming it as every message does. The OS's error quoted the path whole: a root that is a
+        link loop was "unexpected OSError", exit 3, in a line as long as the path. A full disk
+        keeps its type and errno (callers tell it by them), the path cut to the store's name."""
+        if not _names_a_path(exc):
+            return exc
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return _named(exc, self.display_name)
+        return StorageUnavailableError(f"{self.display_name}: {exc.strerror}")
 
     def _read_error(self, key: str, exc: OSError | LinkRefused | NotRegular, dir_fd: int = -1,
                     name: str = "") -> Exception:
@@ -166,7 +185,7 @@ class LocalStorage(Storage):
             mode = lstat_mode(dir_fd, name) if dir_fd >= 0 else None
             what = entry_kind(mode) if mode else "a special file"
             return UnreadableFileError(key, f"not read: it is {what}")
-        return exc
+        return self._root_error(exc)
 
     # ------------------------------------------------------------------------ walking
 
@@ -528,6 +547,8 @@ class LocalStorage(Storage):
                                           f"{exc.strerror}") from None
         except NotADirectoryError:
             raise StorageUnavailableError(f"{self.display_name}: not a directory") from None
+        except OSError as exc:
+            raise self._root_error(exc) from None
         out: list[str] = []
         self._walk(fd, "/".join(parts) + "/" if parts else "", out)
         out = [key_name(k) for k in out]
@@ -604,6 +625,8 @@ class LocalStorage(Storage):
         except PermissionError as exc:
             raise StorageUnavailableError(f"{self.display_name}: cannot list {prefix!r}: "
                                           f"{exc.strerror}") from None
+        except OSError as exc:
+            raise self._root_error(exc) from None
         try:
             with os.scandir(fd) as it:
                 return sorted(key_name(e.name) for e in it if e.is_dir(follow_symlinks=False))
@@ -619,14 +642,15 @@ class LocalStorage(Storage):
             if not os.path.isdir(self.root):
                 raise StorageUnavailableError(f"{self.display_name}: not a directory")
             if not os.access(self.root, os.R_OK | os.X_OK):
-                raise StorageUnavailableError(f"{self.display_name}: no read permission on {self.root}")
+                raise StorageUnavailableError(f"{self.display_name}: no read permission on "
+                                              f"{name_cut(self.root)}")
             return
         parent = self.root
         while not os.path.exists(parent):
             parent = os.path.dirname(parent)
         if not os.access(parent, os.W_OK | os.X_OK):
             raise StorageUnavailableError(f"{self.display_name}: does not exist, and there is no "
-                                          f"write permission on {parent} to create it")
+                                          f"write permission on {name_cut(parent)} to create it")
 
     def local_root(self) -> str:
         return os.path.realpath(self.root)
@@ -635,8 +659,9 @@ class LocalStorage(Storage):
         """An existing root this user cannot write in (permission bits, a read-only mount):
         access(2) answers both without writing a byte. A root still to be made is `check`'s."""
         if os.path.isdir(self.root) and not os.access(self.root, os.W_OK | os.X_OK):
-            raise StoreNotWritableError(f"{self.display_name}: no write permission on {self.root} "
-                                        "(a read-only directory or filesystem, or not this user's?)")
+            raise StoreNotWritableError(f"{self.display_name}: no write permission on "
+                                        f"{name_cut(self.root)} (a read-only directory or "
+                                        "filesystem, or not this user's?)")
 
 
 # --------------------------------------------------------------------------------- fsspec
