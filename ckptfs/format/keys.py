@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import NamedTuple
 
 from ckptfs.errors import InvalidIdError
-from ckptfs.format.models import validate_id
+from ckptfs.format.models import STEP_ID_EXTRA_BYTES, validate_id
 
 RUNS = "runs"
 ARTIFACTS = "artifacts/sha256"
@@ -91,7 +91,7 @@ def snap_key(run_id: str, version: int) -> str:
 
 
 def lease_key(run_id: str, step_id: str) -> str:
-    return f"{run_prefix(run_id)}lease/{validate_id(step_id, 'step id')}.lease"
+    return f"{run_prefix(run_id)}lease/{validate_id(step_id, 'step id', STEP_ID_EXTRA_BYTES)}.lease"
 
 
 def artifact_key(sha256: str) -> str:
@@ -203,7 +203,7 @@ def _is_lease_name(parts: list[str]) -> bool:
     if len(parts) != 4 or not parts[3].endswith(".lease"):
         return False
     try:
-        validate_id(parts[3][: -len(".lease")], "step id")
+        validate_id(parts[3][: -len(".lease")], "step id", STEP_ID_EXTRA_BYTES)
     except InvalidIdError:
         return False
     return True

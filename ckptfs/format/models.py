@@ -21,23 +21,36 @@ from typing import TYPE_CHECKING, Any, Union, cast, get_args, get_origin
 
 from pydantic import AliasChoices, AliasPath, BaseModel, ConfigDict, Field, field_validator
 
-from ckptfs.errors import InvalidIdError
+from ckptfs.errors import InvalidIdError, quote_value
 
 MAX_ID_LENGTH = 200
+# An id is one name on local disk (a run's folder, `runs/<run id>/`), and ext4, XFS, btrfs,
+# ZFS, tmpfs and APFS hold at most 255 bytes in a name. 64 emoji are 64 characters but 256
+# bytes of UTF-8: such an id passed, then the first local write failed with a raw "File name
+# too long", and a restore or mirror from S3 (whose keys take 1024 bytes) to disk stopped
+# there, every other run of the pass left uncopied. Refused here, before any key is built.
+MAX_NAME_BYTES = 255
+# A step id's longest name on disk: a lease is rewritten through a temp file beside it,
+# `.<step id>.lease.tmp-<8 hex><counter in hex>` (keys.lease_key, storage/local.py): 20 bytes
+# more than the id, and a counter given room for 16 hex digits, which it never outgrows.
+STEP_ID_EXTRA_BYTES = len(".") + len(".lease") + len(".tmp-") + 8 + 16
 _ID_FORBIDDEN = re.compile(r"[\x00-\x1f\x7f/\\]")
 # The ids nearly every run uses, accepted by one match (a load validates one per step): ASCII
 # letters, digits and a few marks, not starting with "." (the ".." rule is checked beside).
 _ID_PLAIN = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.:@+=\-]*")
 
 
-def validate_id(value: str, what: str = "id") -> str:
+def validate_id(value: str, what: str = "id", extra_bytes: int = 0) -> str:
     """Refuse ids that could escape or confuse a storage key, before any path is built.
 
     Ids become path segments (`runs/<run_id>/...`), so `/`, `\\`, `..`, control characters,
-    a leading dot and unbounded length are refused with an error naming the id.
+    a leading dot and unbounded length are refused with an error naming the id; so is an id
+    whose UTF-8, with the `extra_bytes` the longest name made of it adds (a step id's:
+    STEP_ID_EXTRA_BYTES), would not fit one name on local disk, whatever the store's backend:
+    any store may be restored or mirrored to disk.
     """
     if (type(value) is str and len(value) <= MAX_ID_LENGTH and _ID_PLAIN.fullmatch(value)
-            and ".." not in value):
+            and ".." not in value and len(value) + extra_bytes <= MAX_NAME_BYTES):  # ASCII: a byte each
         return value
     if not isinstance(value, str):
         raise InvalidIdError(f"{what} must be a string, got {type(value).__name__}")
@@ -45,6 +58,14 @@ def validate_id(value: str, what: str = "id") -> str:
         raise InvalidIdError(f"{what} must not be empty")
     if len(value) > MAX_ID_LENGTH:
         raise InvalidIdError(f"{what} is {len(value)} characters long; the limit is {MAX_ID_LENGTH}")
+    limit = MAX_NAME_BYTES - extra_bytes
+    # at most 4 bytes a character: an id short enough is not encoded (a load checks every step's)
+    if len(value) * 4 > limit and (size := len(value.encode("utf-8", "surrogatepass"))) > limit:
+        why = (f"a name on local disk holds at most {MAX_NAME_BYTES} bytes" if not extra_bytes else
+               f"the longest name on local disk made of it adds {extra_bytes} bytes, and a name "
+               f"holds at most {MAX_NAME_BYTES}")
+        raise InvalidIdError(f"{what} {quote_value(value)} is {size} bytes long in UTF-8; the limit "
+                             f"is {limit} bytes ({why})")
     if _ID_FORBIDDEN.search(value):
         raise InvalidIdError(f"{what} {value!r} contains '/', '\\' or a control character")
     if value.startswith(".") or ".." in value:
@@ -278,7 +299,7 @@ class Step(BaseModel, metaclass=_KnownFields):
     @field_validator("id")
     @classmethod
     def _check_id(cls, v: str) -> str:
-        return validate_id(v, "step id")
+        return validate_id(v, "step id", STEP_ID_EXTRA_BYTES)
 
     def __setattr__(self, name: str, value: Any) -> None:
         _check_assignment(self, name, value)
