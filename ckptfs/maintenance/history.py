@@ -18,11 +18,15 @@ with the one chain walk every command shares (`format.reader.plan_load`):
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 from ckptfs.errors import CorruptFileError
+from ckptfs.format.codec import MAX_INT_DIGITS, json_problem
 from ckptfs.format.keys import RunFile, parse_run_key, run_prefix
 from ckptfs.format.models import AgentRun, ToolCall, validate_id
 from ckptfs.format.reader import decode_run_file
@@ -176,7 +180,12 @@ def load_state(storage: Storage, run_id: str, version: int | None = None, *,
 
 
 def call_usage(call: ToolCall) -> tuple[int | None, float | None]:
-    """(tokens, cost in USD) a tool call's result reports, if it reports them."""
+    """(tokens, cost in USD) a tool call's result reports, if it reports them.
+
+    The first number found under each name counts. Tokens given as an int stay exact. A cost
+    no finite float holds (10**400, an int a commit stores) is None, not a guess or Infinity:
+    float() of it stopped `show` with "unexpected OverflowError", and the call's result, which
+    every view shows whole, still has it."""
     result = call.result
     if not isinstance(result, Mapping):
         return None, None
@@ -184,23 +193,49 @@ def call_usage(call: ToolCall) -> tuple[int | None, float | None]:
     usage = result.get("usage")
     if isinstance(usage, Mapping):
         places.append(usage)
-    tokens: int | None = None
-    cost: float | None = None
+    tokens = _reported(places, ("tokens", "total_tokens"))
+    if isinstance(tokens, float):  # an int stays exact: float() would round it, or overflow
+        tokens = None if _finite(tokens) is None else int(tokens)
+    return tokens, _finite(_reported(places, ("cost_usd", "cost")))
+
+
+def _reported(places: list[Mapping[Any, Any]], keys: tuple[str, ...]) -> int | float | None:
     for place in places:
-        for key in ("tokens", "total_tokens"):
+        for key in keys:
             v = place.get(key)
-            if tokens is None and isinstance(v, int | float) and not isinstance(v, bool):
-                tokens = int(v)
-        for key in ("cost_usd", "cost"):
-            v = place.get(key)
-            if cost is None and isinstance(v, int | float) and not isinstance(v, bool):
-                cost = float(v)
-    return tokens, cost
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                return v
+    return None
+
+
+def _finite(v: int | float | None) -> float | None:
+    try:
+        f = None if v is None else float(v)
+    except OverflowError:
+        return None
+    return f if f is not None and math.isfinite(f) else None
 
 
 def totals(state: RunState) -> dict[str, Any]:
     """Run totals: steps by status, tokens and cost (the run's own counters, and the steps'
-    sum), tool calls by phase, and their duration."""
+    sum), tool calls by phase, and their duration.
+
+    Every value is one `json.loads` reads back with its default limits, and exact. Each stored
+    value is (a commit refuses any other), but a sum need not be: two steps of 1.7e308 USD made
+    `step_cost_usd` Infinity, which is no JSON, and two of 4,300-digit tokens a 4,301-digit int,
+    which json.loads refuses; `show --json` and `export` wrote both. So a sum past those limits
+    is given another way, `overflow` names each such total with how it is given (empty when
+    there is none: a reader checks that one key, not each value's type), and the state's notes
+    say it too, which every view prints (show's text on stderr, under its huge numbers):
+
+    * a float sum past the largest float (`step_cost_usd`, `tool_ms`) is the integer nearest
+      its exact value: a JSON number json.loads takes back whole, off by at most one half in
+      over 1e308, and still a number for the text view's arithmetic (`tool_ms / 1000`);
+    * an int sum past MAX_INT_DIGITS digits (`step_tokens`) is its decimal digits as a string:
+      no number a reader with default limits accepts holds it, and a string drops no digit.
+
+    A sum only an intermediate total overflowed ([1e308, 1e308, -1e308]) is the float it is.
+    """
     run = state.run
     by_status: dict[str, int] = {}
     for s in run.steps.values():
@@ -209,14 +244,45 @@ def totals(state: RunState) -> dict[str, Any]:
     phases: dict[str, int] = {}
     for c in calls:
         phases[c.phase] = phases.get(c.phase, 0) + 1
-    return {
+    overflow: dict[str, str] = {}
+    doc = {
         "steps": len(run.steps), "by_status": by_status,
         "tokens": run.total_tokens, "cost_usd": run.total_cost_usd,
-        "step_tokens": sum(s.tokens for s in run.steps.values()),
-        "step_cost_usd": sum(s.cost_usd for s in run.steps.values()),
+        "step_tokens": _int_total((s.tokens for s in run.steps.values()), "step_tokens", overflow),
+        "step_cost_usd": _float_total([s.cost_usd for s in run.steps.values()], "step_cost_usd", overflow),
         "tool_calls": len(calls), "tool_calls_by_phase": phases,
-        "tool_ms": sum(c.duration_ms or 0.0 for c in calls),
+        "tool_ms": _float_total([c.duration_ms or 0.0 for c in calls], "tool_ms", overflow),
+        "overflow": overflow,
     }
+    for name, how in overflow.items():
+        note = f"total {name} {how}"
+        if note not in state.notes:  # once, however many views of the state ask for its totals
+            state.notes.append(note)
+    return doc
+
+
+def _int_total(values: Iterable[int], name: str, overflow: dict[str, str]) -> int | str:
+    total = sum(values)
+    if json_problem(total, name) is None:
+        return total
+    overflow[name] = (f"has over {MAX_INT_DIGITS:,} digits, more than json.loads reads in a number: "
+                      "given as a string of its digits")
+    return str(Decimal(total))  # exact, and not subject to the int-to-str digit limit str() has
+
+
+def _float_total(values: list[float], name: str, overflow: dict[str, str]) -> float | int:
+    total = sum(values)
+    if math.isfinite(total) or not all(math.isfinite(v) for v in values):
+        # a non-finite summand is in the stored state itself (only a hand-made record holds
+        # one: commits refuse them), and is shown there as it is; its sum is not made up here
+        return total
+    exact = sum(map(Fraction, values), Fraction(0))
+    try:
+        return float(exact)
+    except OverflowError:
+        overflow[name] = ("is past the largest float (Infinity, which is no JSON): given as the "
+                          "integer nearest the exact sum")
+        return round(exact)
 
 
 # ---------------------------------------------------------------------------------- diff
