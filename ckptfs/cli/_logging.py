@@ -55,13 +55,21 @@ _BEFORE_SCHEME = re.compile(r"(?<![^\s'\"(\[=])[^\s'\"@:]*:[^\s'\"]*@(?=[A-Za-z]
 
 def secret_values(options: Mapping[str, Any] | None = None,
                   env: Mapping[str, str] | None = None) -> set[str]:
-    """The credential values found in storage options (recursively) and in the environment."""
+    """The credential values found in storage options (recursively) and in the environment.
+
+    Options nested deeper than config.MAX_OPTIONS_DEPTH are a ConfigError, never a
+    RecursionError: every parser of options refuses them, so none should arrive, and a scrubber
+    that cannot read them must stop the command rather than let their secrets through. A
+    variable of options that does not parse is skipped: the settings name it, exit 2."""
     out: set[str] = set()
 
     def walk(opts: Mapping[str, Any]) -> None:
         out.update(v for v in secret_option_values(opts) if len(v) >= _MIN_SECRET)
 
     if options:
+        from ckptfs.config import check_options_depth
+
+        check_options_depth(options, "storage options")
         walk(options)
     environ = os.environ if env is None else env
     profile = (options or {}).get("profile") or environ.get("AWS_PROFILE")
@@ -72,14 +80,14 @@ def secret_values(options: Mapping[str, Any] | None = None,
         if _SECRET_ENV.search(name) and len(value) >= _MIN_SECRET:
             out.add(value)
         elif name.startswith("CKPTFS_") and name.endswith("OPTIONS"):
-            import json
+            from ckptfs.config import json_object_env
+            from ckptfs.errors import ConfigError
 
             try:
-                doc = json.loads(value)
-            except ValueError:
+                doc = json_object_env(name, value)
+            except ConfigError:
                 continue
-            if isinstance(doc, dict):
-                walk(doc)
+            walk(doc)
     return out
 
 

@@ -316,6 +316,8 @@ def storage_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_items(items: list[str], flag: str) -> dict[str, Any]:
     """KEY=VALUE items into a nested dict (dotted keys nest); errors name the key, never a value."""
+    from ckptfs.config import check_options_depth
+
     opts: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
@@ -335,6 +337,7 @@ def parse_items(items: list[str], flag: str) -> dict[str, Any]:
         except ValueError:  # digits past Python's conversion limit: was "internal", exit 3
             raise CliError(f"{flag} {cut(key)}: a number of more than {sys.get_int_max_str_digits()} "
                            "digits") from None
+        check_options_depth(opts, f"{flag} {cut(key)}")
     return opts
 
 

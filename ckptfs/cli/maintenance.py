@@ -2,10 +2,11 @@
 
 Exit codes: 0 clean / done; 1 problems found (verify: any error or warning, leftovers
 included; info does not count; prune: a run or an artifact it could not delete, or could not
-read; forget: refused because a worker holds the run); 2 usage error, a store that is read-only
-as a whole (prune: every run failed and nothing was removed),
-unknown run, nothing stored at the URL, or a store that cannot be reached (the message names the
-URL with credentials redacted). The store comes from the URL argument, else `--config`
+read; forget: refused because a worker holds the run, or a delete refused after some files
+went); 2 usage error, a store that is read-only as a whole (prune: every run failed and nothing
+was removed; forget: before its first delete, nothing deleted), unknown run, nothing stored at
+the URL, or a store that cannot be reached (the message names the URL with credentials
+redacted). The store comes from the URL argument, else `--config`
 (store.url), else $CKPTFS_URL. Library modules are imported by the handlers, not here.
 """
 

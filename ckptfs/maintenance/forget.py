@@ -28,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ckptfs.errors import StoreNotWritableError
 from ckptfs.format.keys import StoreListing, classify, run_prefix
 from ckptfs.format.models import validate_id
 from ckptfs.storage.base import Storage
@@ -114,7 +115,13 @@ def _order(listing: StoreListing) -> list[str]:
 
 
 def forget(storage: Storage, run_id: str, *, dry_run: bool = False, force: bool = False) -> ForgetReport:
-    """Delete every file of `run_id` (see the module docstring for the order and the refusal)."""
+    """Delete every file of `run_id` (see the module docstring for the order and the refusal).
+
+    A store this user cannot delete from raises StoreNotWritableError with nothing deleted:
+    `check_writable` before the first delete (a read-only mount or directory), else the first
+    delete's refusal (a read-only folder of the run, an S3 policy). The CLI says "not-writable",
+    exit 2, as `restore` and `mirror` into such a store do; it was a report of one error per
+    file, exit 1. A refusal after some files went stops there (see the loop)."""
     validate_id(run_id, "run id")
     report = ForgetReport(storage.display_url, run_id, dry_run)
     prefix = run_prefix(run_id)
@@ -135,11 +142,20 @@ def forget(storage: Storage, run_id: str, *, dry_run: bool = False, force: bool 
     if dry_run:
         report.deleted = ordered
         return report
+    storage.check_writable()
     for key in ordered:
         try:
             storage.delete(key)
         except FileNotFoundError:
             pass
+        except StoreNotWritableError as exc:
+            if not report.deleted:
+                raise
+            # what follows fails the same way, or (a folder read-only, the next one not) goes
+            # out of order: the files left must stay versions 1..k, as an interruption leaves
+            report.errors.append(f"{key}: {exc}")
+            logger.warning("forget %s: stopped, cannot delete %s: %s", run_id, key, exc)
+            break
         except OSError as exc:
             report.errors.append(f"{key}: {exc}")
             logger.warning("forget %s: cannot delete %s: %s", run_id, key, exc)
