@@ -10,6 +10,7 @@ required ones plus the flexible column's minimum fit.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Sequence
@@ -162,14 +163,45 @@ def age(t: float | None, now: float | None = None) -> str:
     return f"{s:.0f}s ago"
 
 
+# Past this, a figure in a table or a summary line is shown as 1.23e+45: stored values may be
+# any finite float or any int a commit takes (4,300 digits), and written out in full one was a
+# screen of digits (show's summary printed 5,700 characters for one token count). --json keeps
+# every value exact.
+_FULL_UP_TO = 10**15
+
+
+def _scientific(v: int) -> str:
+    """An int of any size as 1.23e+45, without converting it to a float (past 1e308 it cannot)."""
+    sign, v = ("-", -v) if v < 0 else ("", v)
+    exp = len(str(v)) - 1 if v < 10**4000 else math.floor(math.log10(v))
+    if exp > 0 and v < 10**exp:  # log10 rounded up to the next power of ten (v = 10**k - 1)
+        exp -= 1
+    elif v >= 10 ** (exp + 1):  # or down, below one
+        exp += 1
+    lead = v // 10 ** max(exp - 2, 0)  # three leading digits, floored: never overstated
+    return f"{sign}{lead // 100}.{lead % 100:02d}e+{exp}"
+
+
 def money(v: float | None) -> str:
     if v is None:
         return "-"
+    if abs(v) >= _FULL_UP_TO:
+        return f"${v:.2e}" if isinstance(v, float) else f"${_scientific(int(v))}"
     return f"${v:.4f}" if v < 1 else f"${v:,.2f}"
 
 
 def count(v: int | None) -> str:
-    return "-" if v is None else f"{v:,}"
+    if v is None:
+        return "-"
+    return _scientific(v) if abs(v) >= _FULL_UP_TO else f"{v:,}"
+
+
+def seconds(ms: float) -> str:
+    """A duration in milliseconds as seconds, e.g. 12.3s; huge ones (a sum of absurd stored
+    durations) as 1.23e+300s, never an OverflowError from dividing an int no float holds."""
+    if abs(ms) >= _FULL_UP_TO * 1000:
+        return f"{ms / 1000:.2e}s" if isinstance(ms, float) else f"{_scientific(int(ms) // 1000)}s"
+    return f"{ms / 1000:.1f}s"
 
 
 def version_list(versions: Sequence[int], head: int = 5) -> str:

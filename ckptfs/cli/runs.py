@@ -39,6 +39,7 @@ from ckptfs.cli._render import (
     money,
     print_table,
     printable,
+    seconds,
     timestamp,
     version_list,
 )
@@ -329,7 +330,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     t = totals(state)
     statuses = ", ".join(f"{n} {k}" for k, n in sorted(t["by_status"].items()))
     console.print(f"{t['steps']} steps ({statuses or 'none'}); {count(t['tokens'])} tokens, "
-                  f"{money(t['cost_usd'])}; {t['tool_calls']} tool call(s), {t['tool_ms'] / 1000:.1f}s in "
+                  f"{money(t['cost_usd'])}; {t['tool_calls']} tool call(s), {seconds(t['tool_ms'])} in "
                   f"tools; updated {timestamp(run.updated_at)}")
     from rich.text import Text
 
@@ -385,7 +386,8 @@ def _render_calls(calls: list[tuple[str, dict[str, Any]]], with_step: bool) -> N
         return
     rows = []
     for sid, c in calls:
-        ms = "-" if c["duration_ms"] is None else f"{c['duration_ms']:.0f}ms"
+        d = c["duration_ms"]
+        ms = "-" if d is None else f"{d:.0f}ms" if d < 1e15 else f"{d:.2e}ms"
         shown = c["error"] if c["error"] else c["result"]
         if isinstance(shown, dict | list):
             shown = json.dumps(shown, default=str)
