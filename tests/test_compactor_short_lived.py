@@ -41,10 +41,10 @@ def _policy(fence: float = FENCE) -> CompactionPolicy:
                             fence_seconds=fence, superseded_grace=0.0, background=False)
 
 
-def _writer(url: str, opts: dict[str, Any], steps: int, done: list[str]) -> None:
+def _writer(url: str, opts: dict[str, Any], steps: int, done: list[str], fence: float = FENCE) -> None:
     """One short-lived writer: load (or start) run "one", complete `steps` new steps one commit
     each, close; far less than fence_seconds from its first snapshot to its exit."""
-    store = CheckpointStore(url, opts, policy=_policy())
+    store = CheckpointStore(url, opts, policy=_policy(fence))
     run = store.load_run("one")
     if run is None:
         run = AgentRun(run_id="one", goal="outlive the writers")
@@ -118,7 +118,10 @@ def test_records_younger_than_the_fence_by_the_store_clock_stay(
     ahead = types.SimpleNamespace(time=lambda: time.time() + 3600, monotonic=time.monotonic)
     monkeypatch.setattr("ckptfs.store.compactor.time", ahead)  # retention's reading of now
     monkeypatch.setattr("ckptfs.store.retention.time", ahead)
-    _writer(s3_url, opts, 4, done)
+    # a fence of ten minutes: the young records are an hour old by this clock, and well under
+    # ten minutes by the store's however slow a loaded machine is (with FENCE, 3 s, a full run
+    # once took longer than that between the two writers, and the young ones rightly went)
+    _writer(s3_url, opts, 4, done, fence=600.0)
     monkeypatch.undo()
     logs = _versions(s3_url, opts, "log")
     assert not set(old) & set(logs), logs  # past the fence by the store's clock: gone
