@@ -11,7 +11,9 @@ endpoint given to the wrong side sent the request to the public AWS endpoint).
 
 Progress bars (objects, and bytes) go to stderr, the summary table to stdout, or one JSON
 document with `--json`. Exit codes: 0 ok, 1 incomplete or inconsistent, 2 usage error, nothing
-stored at SRC, a --run (or restore's --version) SRC does not hold, or unreachable.
+stored at SRC, a --run (or restore's --version) SRC does not hold, a DST that overlaps SRC
+(the same store, one inside the other: a copy there wrote among the source's own files), or
+unreachable.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from ckptfs.cli._options import (
     add_json_arg,
     add_storage_args,
     check_option_types,
+    holds_anything,
     load_cli_settings,
     merge_options,
     open_existing,
@@ -186,6 +189,24 @@ def _source(url: str | None, fallback: str | None, origin: str, opts: dict[str, 
     return Target(fallback, opts, origin, settings)
 
 
+def _reach_destination(dst: Target) -> None:
+    """Reach a remote DST once as SRC is reached (`open_existing`), before the copy's own
+    retrying check: a bad endpoint is one the user gave, so it fails at once and in SRC's
+    words, exit 2. The retrying check read a malformed endpoint as a network fault (six tries,
+    ~5 s) and let an error its backend does not classify (botocore's HTTPClientError for a
+    `user:pw@` endpoint) out as "internal", exit 3. A DST that holds nothing, or is not there
+    yet, is what a first copy is for. A local DST has no endpoint: its own check names what
+    is wrong with the directory (no read permission, not a directory) better than a listing."""
+    from ckptfs.storage.registry import open_storage
+
+    storage = open_storage(dst.url, dst.options)
+    try:
+        if storage.capabilities.remote:
+            holds_anything(storage)
+    finally:
+        storage.close()
+
+
 def _named_runs(source: Target, runs: list[str] | None) -> dict[str, set[str]] | None:
     """Check SRC holds something, and every run `--run` names: a run it does not hold is bad
     input (exit 2), refused before anything is copied. A mirror pass reports such a run as
@@ -224,7 +245,8 @@ def _cmd_mirror(args: argparse.Namespace) -> int:
     if not dst:
         raise CliError("no mirror destination: give DST, or set mirror.url (or $CKPTFS_MIRROR_URL)")
     dst_origin = "argument" if args.dst else settings.origin_of("mirror.url")
-    refuse_process_memory(dst, Target(dst, dst_opts, dst_origin, settings).describe(), "mirror")
+    target = Target(dst, dst_opts, dst_origin, settings)
+    refuse_process_memory(dst, target.describe(), "mirror")
     every_n = args.every_n if args.every_n is not None else m.every_n
     keep_last = args.keep_last if args.keep_last is not None else m.keep_last
     superseded = DEFAULT_SUPERSEDED_GRACE
@@ -258,6 +280,7 @@ def _cmd_mirror(args: argparse.Namespace) -> int:
         elif m.cron:
             cron = m.cron
     listings = _named_runs(source, args.run)
+    _reach_destination(target)
     runs = None if listings is None else list(listings)
     src = source.url
     if interval is None and cron is None:
@@ -369,10 +392,12 @@ def _cmd_restore(args: argparse.Namespace) -> int:
                      "no mirror to restore from: give SRC, or set mirror.url (or $CKPTFS_MIRROR_URL)")
     dst = args.dst or settings.store.url
     dst_origin = "argument" if args.dst else settings.origin_of("store.url")
-    refuse_process_memory(dst, Target(dst, dst_opts, dst_origin, settings).describe(), "restore")
+    target = Target(dst, dst_opts, dst_origin, settings)
+    refuse_process_memory(dst, target.describe(), "restore")
     if args.version is not None and not args.run:
         raise CliError("--version needs --run: versions are per run")
     listings = _check_restorable(source, args.run, args.version)
+    _reach_destination(target)
     from ckptfs.replication.restore import restore
 
     with _bars(not args.no_progress) as bars:

@@ -6,19 +6,22 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
 import tempfile
 import threading
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from typing import IO, Any
 
-from ckptfs.errors import CorruptFileError, StorageUnavailableError
+from ckptfs.errors import ConfigError, CorruptFileError, StorageUnavailableError
 from ckptfs.format.keys import ARTIFACTS, RUNS, run_dirs
 from ckptfs.format.models import ArtifactRef, validate_id
 from ckptfs.replication.report import Progress, RunResult
 from ckptfs.storage.base import Storage
+from ckptfs.storage.generic import FsspecStorage
 from ckptfs.storage.registry import open_storage
 from ckptfs.storage.retry import RetryingStorage
+from ckptfs.storage.s3 import S3Storage
 
 logger = logging.getLogger(__name__)
 
@@ -207,6 +210,79 @@ def note_present(dst: Storage, refs: Mapping[str, ArtifactRef], known: set[str])
         known.update(k for k in todo if k in listed)
         return frozenset(k for k in todo if k not in listed)
     return frozenset()
+
+
+def _base(st: Storage) -> Storage:
+    """The backend beneath the wrappers (retries, a log store) that keep it as `inner`."""
+    for _ in range(8):
+        inner = getattr(st, "inner", None)
+        if not isinstance(inner, Storage):
+            break
+        st = inner
+    return st
+
+
+def _path_within(where: str, root: str) -> bool:
+    """Whether the resolved path `where` is `root` or below it. Its existing directories are
+    compared with the root by device and inode too, not only by name: a bind mount or a
+    case-insensitive file system reaches the same directory by another spelling. (`ckptfs
+    export` refuses an --output inside the store the same way.)"""
+    if where == root or where.startswith(root.rstrip(os.sep) + os.sep):
+        return True
+    try:
+        st = os.stat(root)
+    except OSError:  # a root still to be made: no other spelling reaches it yet
+        return False
+    path = where
+    while True:
+        with contextlib.suppress(OSError):
+            here = os.stat(path)
+            if (here.st_dev, here.st_ino) == (st.st_dev, st.st_ino):
+                return True
+        parent = os.path.dirname(path)
+        if parent == path:
+            return False
+        path = parent
+
+
+def _key_within(where: str, root: str) -> bool:
+    """Whether the object-store location `where` is `root` or below it, at a '/' boundary
+    (s3://b/p2 is not below s3://b/p; everything is below a bucket's root)."""
+    return not root or where == root or where.startswith(root + "/")
+
+
+def _within(a: Storage, b: Storage) -> bool:
+    """Whether every object of store `a` is an object of store `b` (a at or below b); stores of
+    two kinds of place (a directory and a bucket) never are."""
+    ra, rb = a.local_root(), b.local_root()
+    if ra is not None and rb is not None:
+        return _path_within(ra, rb)
+    ba, bb = _base(a), _base(b)
+    if isinstance(ba, S3Storage) and isinstance(bb, S3Storage):
+        # by bucket and prefix only: two spellings of one endpoint are not told apart, so a
+        # mirror to another S3 service takes another bucket or prefix
+        return ba.bucket == bb.bucket and _key_within(ba.prefix, bb.prefix)
+    if isinstance(ba, FsspecStorage) and isinstance(bb, FsspecStorage) and type(ba.fs) is type(bb.fs):
+        return _key_within(ba.root.strip("/"), bb.root.strip("/"))
+    return False
+
+
+def refuse_overlap(src: Storage, dst: Storage) -> None:
+    """Refuse (ConfigError) a destination that shares objects with the source: the same store,
+    one inside the source, or one holding it. A copy into its own source wrote among the
+    source's files (a restore's `runs/runs/<run>` later read as a run named 'runs', every
+    file of it a stray key to `verify`), and the next pass copied the copy again."""
+    inside, holds = _within(dst, src), _within(src, dst)
+    if not inside and not holds:
+        return
+    s, d = src.display_name, dst.display_name
+    if inside and holds:
+        why = f"{d} is the source store {s} itself"
+    elif inside:
+        why = f"{d} lies inside the source store {s}: the copy would be written among its files"
+    else:
+        why = f"the source store {s} lies inside {d}: the copy would be written around it"
+    raise ConfigError(f"{why}; give a destination that neither lies in the source nor holds it")
 
 
 def as_storage(target: StorageLike, options: Mapping[str, Any] | None, attempts: int,

@@ -74,6 +74,7 @@ from ckptfs.replication.copy import (
     as_storage,
     gather,
     note_present,
+    refuse_overlap,
     retries_of,
     run_ids,
     verify_etag,
@@ -128,8 +129,9 @@ class Mirror:
             st.close()
 
     def check(self) -> None:
-        """Both ends reachable and DST writable as far as that is known without writing: a
-        usage-level failure (exit 2), before anything is copied."""
+        """Both ends reachable and DST writable as far as that is known without writing, and
+        DST apart from SRC: a usage-level failure (exit 2), before anything is copied."""
+        refuse_overlap(self.src, self.dst)
         self.src.check()
         self.dst.check()
         self.dst.check_writable()
