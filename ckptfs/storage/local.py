@@ -156,10 +156,11 @@ class LocalStorage(Storage):
         `_names_a_path`): then the store was not reached at all, a StorageUnavailableError
         naming it as every message does. The OS's error quoted the path whole: a root that is a
         link loop was "unexpected OSError", exit 3, in a line as long as the path. A full disk
-        keeps its type and errno (callers tell it by them), the path cut to the store's name."""
+        and a missing root (a dangling link: a mirror names it as its destination's) keep their
+        type and errno (callers tell them by those), the path cut to the store's name."""
         if not _names_a_path(exc):
             return exc
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.ENOENT):
             return _named(exc, self.display_name)
         return StorageUnavailableError(f"{self.display_name}: {exc.strerror}")
 
