@@ -36,7 +36,7 @@ from typing import IO, Any, TypeVar
 
 from ckptfs.errors import StorageUnavailableError
 from ckptfs.storage.base import Keys, PreconditionFailed, Storage
-from ckptfs.storage.s3 import s3_error
+from ckptfs.storage.s3 import NoReplyError, is_silence, s3_error
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +67,8 @@ _TRANSIENT_WORDS = ("SlowDown", "reduce your request rate", "InternalError", "Se
 def is_transient(exc: BaseException) -> bool:
     """True for failures worth another try: throttling, 5xx, timeouts, lost connections."""
     if isinstance(exc, FileNotFoundError | FileExistsError | PermissionError | IsADirectoryError):
+        return False
+    if isinstance(exc, NoReplyError):  # an endpoint that never answered stayed silent again
         return False
     if not isinstance(exc, StorageUnavailableError | OSError | TimeoutError):
         name = type(exc).__name__
@@ -172,8 +174,10 @@ class RetryingStorage(Storage):
                 result = fn()
             except Exception as exc:
                 connect_failure = is_connect_failure(exc)
-                if not connect_failure:
-                    self.answered = True  # a 404, a 503, a dropped reply: the endpoint is there
+                if not connect_failure and not is_silence(exc):
+                    # a 404, a 503, a dropped reply: the endpoint is there; no reply at all
+                    # within the read timeout says nothing of it (see storage/s3.py SILENT_TRIES)
+                    self.answered = True
                 if not is_transient(exc):
                     raise
                 if not self.answered and connect_failure:

@@ -8,6 +8,7 @@ import email.utils
 import functools
 import hashlib
 import logging
+import sys
 import threading
 import time
 import weakref
@@ -17,7 +18,7 @@ from typing import IO, Any
 from ckptfs.errors import ConfigError, StorageUnavailableError, StoreNotWritableError
 from ckptfs.storage.base import COPY_CHUNK, Capabilities, Keys, PreconditionFailed, Storage, check_key
 from ckptfs.storage.exit_pools import serve_blocking_calls_at_exit
-from ckptfs.storage.redact import scrub_secrets
+from ckptfs.storage.redact import redact_url, scrub_secrets
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,43 @@ ONE_ATTEMPT = {"mode": "standard", "total_max_attempts": 1}
 _GUARDED: weakref.WeakSet[Any] = weakref.WeakSet()
 _GUARD_LOCK = threading.Lock()
 
+# Silence. An endpoint that accepts connections and never replies (a hung server, a firewall
+# swallowing replies) costs a whole read timeout per request (s3fs's: 15 s), and botocore's 5
+# attempts ran inside each of s3fs's 5 tries: `ckptfs runs` gave up after ~418 s, 25 timeouts,
+# saying nothing meanwhile, though any of them said what the first did. Until the endpoint has
+# answered once, silence is treated like a refused connection, an answer about the endpoint:
+# SILENT_TRIES requests in a row unanswered and it is reported (NoReplyError, which neither
+# botocore nor s3fs retries), so the whole wait is SILENT_TRIES read timeouts (30 s by default,
+# `-o config_kwargs.read_timeout=SECONDS` sets the timeout). Whichever one layer retries sends
+# the second request. Once the endpoint has answered, a read timeout is a slow network or a busy
+# server, and every layer's retries apply as before: a slow link must not fail a commit.
+SILENT_TRIES = 2
+
+
+class NoReplyError(StorageUnavailableError):
+    """An endpoint that has never answered left SILENT_TRIES requests in a row without a reply
+    for a whole read timeout each: a hung server, or a middlebox dropping its replies. Not
+    transient to any retry layer: the next request would wait just as long for nothing."""
+
+
+def is_silence(exc: BaseException) -> bool:
+    """A request sent on an established connection that got no reply within the read timeout
+    (botocore's ReadTimeoutError, which aiobotocore raises for aiohttp's read timeouts).
+    RetryingStorage asks this of any backend's errors: botocore is not imported for it, since
+    none of its errors can have been raised before it was."""
+    boto = sys.modules.get("botocore.exceptions")
+    silent: tuple[type[BaseException], ...] = (NoReplyError,)
+    if boto is not None:
+        silent += (boto.ReadTimeoutError,)
+    chain: BaseException | None = exc
+    for _ in range(8):
+        if chain is None:
+            return False
+        if isinstance(chain, silent):
+            return True
+        chain = chain.__cause__ or chain.__context__
+    return False
+
 
 def is_connect_failure(exc: BaseException) -> bool:
     """A connection that could not be established: refused, DNS failure, connect timeout."""
@@ -101,7 +139,11 @@ def is_connect_failure(exc: BaseException) -> bool:
 
 def guard_connections(client: Any) -> None:
     """Register, first in line, a botocore needs-retry handler on `client` (once per client):
-    a connection failure before the endpoint ever answered is raised at once instead of retried."""
+    before the endpoint ever answered, a connection failure is raised at once instead of
+    retried, and the SILENT_TRIES-th request in a row left unanswered raises NoReplyError.
+
+    The silent requests are counted per client, not per call: s3fs retries a read timeout
+    around botocore with a new call each time, which a per-call count would let through."""
     with _GUARD_LOCK:
         try:
             if client in _GUARDED:
@@ -110,13 +152,28 @@ def guard_connections(client: Any) -> None:
         except TypeError:  # not weak-referenceable: guard it anyway, once per S3Storage call path
             pass
     answered = [False]
+    silent = [0]
 
     def needs_retry(response: Any = None, caught_exception: BaseException | None = None,
                     **_: Any) -> None:
         if response is not None:
             answered[0] = True
-        elif caught_exception is not None and not answered[0] and is_connect_failure(caught_exception):
+        elif caught_exception is None or answered[0]:
+            pass
+        elif is_connect_failure(caught_exception):
             raise caught_exception
+        elif is_silence(caught_exception):
+            silent[0] += 1
+            endpoint = redact_url(str(client.meta.endpoint_url))
+            timeout = client.meta.config.read_timeout
+            if silent[0] >= SILENT_TRIES:
+                raise NoReplyError(
+                    f"no reply from {endpoint} to {silent[0]} requests in a row, {timeout} s each "
+                    "(read timeout), and never one before: it accepts connections but does not "
+                    "answer (a hung server, or a firewall dropping its replies?)")
+            logger.info("no reply from %s within %s s (read timeout) and none before; %d more "
+                        "request unanswered and it is reported unreachable", endpoint, timeout,
+                        SILENT_TRIES - silent[0])
         return None
 
     client.meta.events.register_first("needs-retry.s3", needs_retry,
@@ -232,6 +289,8 @@ class S3Storage(Storage):
         try:
             self._guard_connections()
             yield
+        except NoReplyError as exc:  # raised inside the client, which knows no store's name
+            raise NoReplyError(f"{self.display_name}: {exc}") from None
         except (FileExistsError, PreconditionFailed, FileNotFoundError) as exc:
             code = s3_error(exc)[0]
             if code in _UNAVAILABLE_CODES:
