@@ -46,7 +46,6 @@ from ckptfs.cli._options import (
     add_json_arg,
     add_storage_args,
     check_option_types,
-    holds_anything,
     load_cli_settings,
     merge_options,
     open_existing,
@@ -189,24 +188,6 @@ def _source(url: str | None, fallback: str | None, origin: str, opts: dict[str, 
     return Target(fallback, opts, origin, settings)
 
 
-def _reach_destination(dst: Target) -> None:
-    """Reach a remote DST once as SRC is reached (`open_existing`), before the copy's own
-    retrying check: a bad endpoint is one the user gave, so it fails at once and in SRC's
-    words, exit 2. The retrying check read a malformed endpoint as a network fault (six tries,
-    ~5 s) and let an error its backend does not classify (botocore's HTTPClientError for a
-    `user:pw@` endpoint) out as "internal", exit 3. A DST that holds nothing, or is not there
-    yet, is what a first copy is for. A local DST has no endpoint: its own check names what
-    is wrong with the directory (no read permission, not a directory) better than a listing."""
-    from ckptfs.storage.registry import open_storage
-
-    storage = open_storage(dst.url, dst.options)
-    try:
-        if storage.capabilities.remote:
-            holds_anything(storage)
-    finally:
-        storage.close()
-
-
 def _named_runs(source: Target, runs: list[str] | None) -> dict[str, set[str]] | None:
     """Check SRC holds something, and every run `--run` names: a run it does not hold is bad
     input (exit 2), refused before anything is copied. A mirror pass reports such a run as
@@ -280,7 +261,6 @@ def _cmd_mirror(args: argparse.Namespace) -> int:
         elif m.cron:
             cron = m.cron
     listings = _named_runs(source, args.run)
-    _reach_destination(target)
     runs = None if listings is None else list(listings)
     src = source.url
     if interval is None and cron is None:
@@ -397,7 +377,6 @@ def _cmd_restore(args: argparse.Namespace) -> int:
     if args.version is not None and not args.run:
         raise CliError("--version needs --run: versions are per run")
     listings = _check_restorable(source, args.run, args.version)
-    _reach_destination(target)
     from ckptfs.replication.restore import restore
 
     with _bars(not args.no_progress) as bars:

@@ -129,6 +129,15 @@ def is_silence(exc: BaseException) -> bool:
     return False
 
 
+def _bad_endpoint_errors() -> tuple[type[BaseException], ...]:
+    """botocore's errors for an endpoint it cannot use as given (a port past 65535, a malformed
+    URL): the user's settings, refused at once. Their names hold "Endpoint", which the retry
+    layer reads as a connection glitch (EndpointConnectionError): six tries, then "still
+    failing", where `runs` said at once what was wrong."""
+    boto = sys.modules.get("botocore.exceptions")
+    return () if boto is None else (boto.EndpointResolutionError, boto.InvalidEndpointConfigurationError)
+
+
 def is_connect_failure(exc: BaseException) -> bool:
     """A connection that could not be established: refused, DNS failure, connect timeout."""
     from botocore.exceptions import ConnectionError as BotoConnectionError
@@ -317,6 +326,13 @@ class S3Storage(Storage):
                               ) from None
         except Exception as exc:  # botocore connection errors and the like
             name = type(exc).__name__
+            if isinstance(exc, _bad_endpoint_errors()):  # "Endpoint" in its name: no glitch
+                raise ConfigError(f"{self.display_name}: bad S3 settings: {name}: "
+                                  f"{scrub_secrets(str(exc), self.options)}") from None
+            if name == "HTTPClientError":  # the HTTP client refused the request itself (an
+                # endpoint with user:password@ in it): not the network, and not ours (exit 3)
+                raise StorageUnavailableError(f"{self.display_name}: {name}: "
+                                              f"{scrub_secrets(str(exc), self.options)}") from None
             if ("Connect" in name or "Endpoint" in name or "Credentials" in name or "Timeout" in name
                     or "Checksum" in name):  # a body damaged in transit: retried (retry.py)
                 raise StorageUnavailableError(f"{self.display_name}: {name}: {exc}") from None
