@@ -18,10 +18,8 @@ from ckptfs.format.keys import ARTIFACTS, RUNS, run_dirs
 from ckptfs.format.models import ArtifactRef, validate_id
 from ckptfs.replication.report import Progress, RunResult
 from ckptfs.storage.base import Storage
-from ckptfs.storage.generic import FsspecStorage
 from ckptfs.storage.registry import open_storage
 from ckptfs.storage.retry import RetryingStorage
-from ckptfs.storage.s3 import S3Storage
 
 logger = logging.getLogger(__name__)
 
@@ -212,16 +210,6 @@ def note_present(dst: Storage, refs: Mapping[str, ArtifactRef], known: set[str])
     return frozenset()
 
 
-def _base(st: Storage) -> Storage:
-    """The backend beneath the wrappers (retries, a log store) that keep it as `inner`."""
-    for _ in range(8):
-        inner = getattr(st, "inner", None)
-        if not isinstance(inner, Storage):
-            break
-        st = inner
-    return st
-
-
 def _path_within(where: str, root: str) -> bool:
     """Whether the resolved path `where` is `root` or below it. Its existing directories are
     compared with the root by device and inode too, not only by name: a bind mount or a
@@ -257,14 +245,8 @@ def _within(a: Storage, b: Storage) -> bool:
     ra, rb = a.local_root(), b.local_root()
     if ra is not None and rb is not None:
         return _path_within(ra, rb)
-    ba, bb = _base(a), _base(b)
-    if isinstance(ba, S3Storage) and isinstance(bb, S3Storage):
-        # by bucket and prefix only: two spellings of one endpoint are not told apart, so a
-        # mirror to another S3 service takes another bucket or prefix
-        return ba.bucket == bb.bucket and _key_within(ba.prefix, bb.prefix)
-    if isinstance(ba, FsspecStorage) and isinstance(bb, FsspecStorage) and type(ba.fs) is type(bb.fs):
-        return _key_within(ba.root.strip("/"), bb.root.strip("/"))
-    return False
+    la, lb = a.location(), b.location()
+    return la is not None and lb is not None and la[0] == lb[0] and _key_within(la[1], lb[1])
 
 
 def refuse_overlap(src: Storage, dst: Storage) -> None:

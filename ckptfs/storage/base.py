@@ -259,6 +259,14 @@ class Storage(ABC):
         store, and a saver know two handles share a store."""
         return None
 
+    def location(self) -> tuple[str, str] | None:
+        """Where a store elsewhere keeps its objects: (a namespace, its '/'-separated path in
+        it), or None when not known. Two stores share objects when their namespaces are equal
+        and one path is the other or lies below it at a '/' (s3://b/p2 is not below s3://b/p):
+        a mirror or restore must not copy a store into itself. A directory on this machine
+        answers with `local_root`, where links and mounts give one place many spellings."""
+        return None
+
     def single_attempt(self) -> Storage:
         """This storage, or a twin of it whose client sends each request once.
 

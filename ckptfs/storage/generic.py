@@ -52,6 +52,10 @@ class FsspecStorage(Storage):
 
         return os.path.realpath(self.root) if isinstance(self.fs, LocalFileSystem) else None
 
+    def location(self) -> tuple[str, str]:
+        kind = type(self.fs)
+        return f"{kind.__module__}.{kind.__qualname__}", self.root.strip("/")
+
     def _etag_of(self, data: bytes) -> str:
         return hashlib.sha256(data).hexdigest()
 

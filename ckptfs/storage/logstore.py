@@ -753,6 +753,9 @@ class LogStorage(Storage):
     def local_root(self) -> str:
         return self.inner.local_root()
 
+    def location(self) -> tuple[str, str] | None:
+        return self.inner.location()
+
     def close(self) -> None:
         """Close the open logs; the storage stays usable (callers in flight look groups up again)."""
         with self._lock:

@@ -322,5 +322,8 @@ class RetryingStorage(Storage):
     def local_root(self) -> str | None:
         return self.inner.local_root()
 
+    def location(self) -> tuple[str, str] | None:
+        return self.inner.location()
+
     def close(self) -> None:
         self.inner.close()

@@ -249,6 +249,11 @@ class S3Storage(Storage):
         if self.fs.loop is not None:  # None only with asynchronous=True, which no sync call serves
             serve_blocking_calls_at_exit(self.fs.loop)
 
+    def location(self) -> tuple[str, str]:
+        # by bucket and prefix only: two spellings of one endpoint are not told apart, so a
+        # mirror to another S3 service takes another bucket or prefix
+        return f"s3://{self.bucket}", self.prefix
+
     def single_attempt(self) -> S3Storage:
         if not self.client_retries:
             return self
