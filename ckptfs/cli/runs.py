@@ -44,6 +44,7 @@ from ckptfs.cli._render import (
     version_list,
 )
 from ckptfs.errors import NAMED_CHARS, name_cut
+from ckptfs.storage.fs import path_within
 from ckptfs.storage.redact import redact_mangled
 
 if TYPE_CHECKING:
@@ -570,37 +571,12 @@ def _refuse_inside_store(given: str, target: Path, storage: Storage) -> None:
     root = storage.local_root()
     if root is None:
         return
-    if _within(os.path.realpath(target), root):
+    if path_within(os.path.realpath(target), root):
         # both cut: a path inside a long store's root is longer still (two of 4,000 characters
         # made one line of 8,000)
         raise CliError(f"--output {_shown(given)}: is inside the store "
                        f"{storage.display_name}; an export must not write among the store's "
                        "files (give a path outside it)")
-
-
-def _within(where: str, root: str) -> bool:
-    """Whether the (resolved) path `where` is `root` or below it. Its directories are compared
-    with the root itself (device and inode), not only by name: a bind mount, a second mount of
-    the same volume or a case-insensitive file system reaches the store by another spelling."""
-    import os
-
-    if where == root or where.startswith(root.rstrip(os.sep) + os.sep):
-        return True
-    try:
-        st = os.stat(root)
-    except OSError:
-        return False
-    node = (st.st_dev, st.st_ino)
-    path = where
-    while True:
-        with contextlib.suppress(OSError):
-            here = os.stat(path)
-            if (here.st_dev, here.st_ino) == node:
-                return True
-        parent = os.path.dirname(path)
-        if parent == path:
-            return False
-        path = parent
 
 
 def _write_output(given: str, target: Path, text: str) -> None:

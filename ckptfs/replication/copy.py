@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 import tempfile
 import threading
 from collections.abc import Iterable, Mapping
@@ -18,6 +17,7 @@ from ckptfs.format.keys import ARTIFACTS, RUNS, run_dirs
 from ckptfs.format.models import ArtifactRef, validate_id
 from ckptfs.replication.report import Progress, RunResult
 from ckptfs.storage.base import Storage
+from ckptfs.storage.fs import path_within
 from ckptfs.storage.registry import open_storage
 from ckptfs.storage.retry import RetryingStorage
 
@@ -210,29 +210,6 @@ def note_present(dst: Storage, refs: Mapping[str, ArtifactRef], known: set[str])
     return frozenset()
 
 
-def _path_within(where: str, root: str) -> bool:
-    """Whether the resolved path `where` is `root` or below it. Its existing directories are
-    compared with the root by device and inode too, not only by name: a bind mount or a
-    case-insensitive file system reaches the same directory by another spelling. (`ckptfs
-    export` refuses an --output inside the store the same way.)"""
-    if where == root or where.startswith(root.rstrip(os.sep) + os.sep):
-        return True
-    try:
-        st = os.stat(root)
-    except OSError:  # a root still to be made: no other spelling reaches it yet
-        return False
-    path = where
-    while True:
-        with contextlib.suppress(OSError):
-            here = os.stat(path)
-            if (here.st_dev, here.st_ino) == (st.st_dev, st.st_ino):
-                return True
-        parent = os.path.dirname(path)
-        if parent == path:
-            return False
-        path = parent
-
-
 def _key_within(where: str, root: str) -> bool:
     """Whether the object-store location `where` is `root` or below it, at a '/' boundary
     (s3://b/p2 is not below s3://b/p; everything is below a bucket's root)."""
@@ -244,7 +221,7 @@ def _within(a: Storage, b: Storage) -> bool:
     two kinds of place (a directory and a bucket) never are."""
     ra, rb = a.local_root(), b.local_root()
     if ra is not None and rb is not None:
-        return _path_within(ra, rb)
+        return path_within(ra, rb)
     la, lb = a.location(), b.location()
     return la is not None and lb is not None and la[0] == lb[0] and _key_within(la[1], lb[1])
 

@@ -5,6 +5,7 @@ directory whose own entry was never synced can vanish in a crash). `open_dir_ben
 key's directories from the store root's fd with O_NOFOLLOW, so a link below the root stops the
 walk instead of leading out of the store, and `open_regular` / `read_bounded` read only regular
 files, at most the size they had when opened. Used by `LocalStorage` and the record log.
+`path_within` tells whether a path lies in a directory, by any spelling.
 """
 
 from __future__ import annotations
@@ -248,5 +249,26 @@ def read_bounded(fd: int, size: int) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-
-
+def path_within(where: str, root: str) -> bool:
+    """Whether the resolved path `where` is `root` or below it. Its directories are compared
+    with the root itself (device and inode), not only by name: a bind mount, a second mount of
+    the same volume or a case-insensitive file system reaches the same directory by another
+    spelling. What writes a user's file (`export --output`) or a copy (mirror, restore) asks
+    it, so as never to write among a store's own files."""
+    if where == root or where.startswith(root.rstrip(os.sep) + os.sep):
+        return True
+    try:
+        st = os.stat(root)
+    except OSError:  # a root still to be made: no other spelling reaches it yet
+        return False
+    node = (st.st_dev, st.st_ino)
+    path = where
+    while True:
+        with contextlib.suppress(OSError):
+            here = os.stat(path)
+            if (here.st_dev, here.st_ino) == node:
+                return True
+        parent = os.path.dirname(path)
+        if parent == path:
+            return False
+        path = parent
