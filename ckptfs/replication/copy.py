@@ -14,7 +14,7 @@ from typing import IO, Any
 
 from ckptfs.errors import ConfigError, CorruptFileError, StorageUnavailableError
 from ckptfs.format.keys import ARTIFACTS, RUNS, run_dirs
-from ckptfs.format.models import ArtifactRef, validate_id
+from ckptfs.format.models import MAX_NAME_BYTES, ArtifactRef, validate_id
 from ckptfs.replication.report import Progress, RunResult
 from ckptfs.storage.base import Storage
 from ckptfs.storage.fs import path_within
@@ -264,10 +264,21 @@ def run_ids(storage: Storage, run_id: str | Iterable[str] | None,
     if run_id is None:
         ids, odd = run_dirs(storage.list_dirs(RUNS))
         if skipped is not None:
-            skipped.extend(RunResult(key, "skipped", notes=[why]) for key, why in odd)
+            skipped.extend(_not_copied(key, why) for key, why in odd)
         return ids
     ids = [run_id] if isinstance(run_id, str) else list(run_id)
     return [validate_id(r, "run id") for r in ids]
+
+
+def _not_copied(key: str, why: str) -> RunResult:
+    """A directory under runs/ no run id names: skipped, unless its name is only too long. Such
+    a run was written before ids were held to MAX_NAME_BYTES (S3 keys take 1,024), holds real
+    data, and cannot be copied: "incomplete" (exit 1), or a scheduled mirror would report a
+    clean pass every time while never copying it."""
+    name = key[len(RUNS) + 1 : -1]
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        return RunResult(key, "incomplete", error=why, missing=[why], notes=[why])
+    return RunResult(key, "skipped", notes=[why])
 
 
 def gather(futs: list[Future[bool]], res: RunResult, sizes: list[int]) -> None:
