@@ -23,6 +23,12 @@ step leases (`ckptfs/store/leases.py`), applied to threads:
   it again without reading it first would extend stale state if another process wrote the
   thread meanwhile: its next write is refused (`ThreadBusyError`) until it reads the thread's
   newest checkpoint again, which every new `invoke` does (`reread`).
+* **No silent fork after a read.** The lease says nothing of what a process read before it
+  took it: one that read the thread (or found it empty) while another held it, then waited
+  for it (`busy_timeout`) or came to write after the holder let go, extended the state it had
+  read, not the holder's newer checkpoints. So the saver remembers what each read saw and,
+  once it holds the lease, writes only if that is still the newest (else ThreadBusyError,
+  nothing written): once per tenure, a read and its writes under one lease need no look.
 
 All savers of one process on one store share one holder identity and one keeper, so a new
 saver in the same process (a retry, a second graph) continues the thread rather than
@@ -536,7 +542,9 @@ class ThreadLeases:
 
     def reread(self, thread_id: str) -> None:
         """The caller just read the thread's newest checkpoint: what it writes next extends that,
-        so a write by another process before now is no longer a reason to refuse."""
+        so a write by another process before now is no longer a reason to refuse here. One after
+        the read, before this process holds the lease, is: the saver, which knows what the read
+        saw, checks that once it holds it."""
         held = self._held.get(thread_id)
         if thread_id not in self._known and (held is None or not held.lost):
             return  # nothing to forget (most reads): no lock taken

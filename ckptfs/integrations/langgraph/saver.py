@@ -252,6 +252,10 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         # (thread, ns) -> the greatest checkpoint key this saver wrote or read there: where a
         # remote get_tuple looks first (`_newest_remote`)
         self._newest: dict[tuple[str, str], str] = {}
+        # (thread, ns) -> (the id of the namespace's newest checkpoint as this saver last saw it,
+        # read or written; "": read empty), and the lease tenure that view is known true under
+        # (None: none yet): what the next write extends, checked before it (`_check_view`)
+        self._views: dict[tuple[str, str], tuple[str, object]] = {}
         self._run_markers: set[tuple[str, str, str]] = set()
         # hashed thread segment -> the lease tenure it was last seen named under (None: no leases)
         self._named: dict[str, object] = {}
@@ -468,17 +472,51 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
     # ------------------------------------------------------------------------------ reads
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        before = self._tenure_of(config)
         found = self._get_tuple(config)
-        self._after_read(config, found)
+        self._after_read(config, found, before)
         return found
 
-    def _after_read(self, config: RunnableConfig, found: CheckpointTuple | None) -> None:
+    def _tenure_of(self, config: RunnableConfig) -> object:
+        """The lease this process holds, trusted, on the config's thread (None: none), taken
+        before a read: a read under it, still held after, saw what nobody else could change."""
+        if self.leases is None:
+            return None
+        thread_id = (config.get("configurable") or {}).get("thread_id")
+        return None if thread_id is None else self.leases.trusted(str(thread_id))
+
+    def _after_read(self, config: RunnableConfig, found: CheckpointTuple | None, before: object) -> None:
         """A run starts from what it read: the version type its new channels get, and (root
-        namespace) this process may write the thread again after another did."""
+        namespace) this process may write the thread again after another did, if what it read
+        is still the newest once it holds the thread (`_check_view`)."""
         remember_kind(kind_of(found.checkpoint["channel_versions"].values()) if found else None)
-        conf = config.get("configurable") or {}
-        if self.leases is not None and not conf.get("checkpoint_ns"):
-            self.leases.reread(str(conf["thread_id"]))
+        if self.leases is None:
+            return
+        conf = config["configurable"]  # there: the read needed it
+        thread_id, ns = str(conf["thread_id"]), str(conf.get("checkpoint_ns") or "")
+        if not ns:
+            self.leases.reread(thread_id)
+        at = (thread_id, ns)
+        if get_checkpoint_id(config) is not None:
+            # a given checkpoint (time travel): a run from it forks on purpose, whatever is newer
+            with self._lock:
+                self._views.pop(at, None)
+            return
+        view = (str(found.config["configurable"]["checkpoint_id"]) if found is not None else "",
+                before if before is not None and self.leases.trusted(thread_id) is before else None)
+        if self._views.get(at) != view:  # a holder reading its own newest again: as it was
+            self._note_view(at, view)
+
+    def _note_view(self, at: tuple[str, str], view: tuple[str, object]) -> None:
+        """Remember a namespace's view, last in line: past `_MAX_THREADS` namespaces the least
+        recently seen go first. Not all at once (`_bounded`), nor with the rest of a thread's
+        memory (`_start_over`): a view forgotten between a read and the write after it would
+        let that write through unchecked."""
+        with self._lock:
+            self._views.pop(at, None)
+            while len(self._views) >= _MAX_THREADS:
+                del self._views[next(iter(self._views))]
+            self._views[at] = view
 
     def _sole_tenure(self, thread_id: str) -> tuple[object, int] | None:
         """(tenure of this process's trusted lease on the thread, savers made on the store so
@@ -903,7 +941,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         thread_id, ns, parent = self._ids(config)
         checkpoint_id = str(checkpoint["id"])
         key = lg_checkpoint_key(thread_id, ns, checkpoint_id)
-        with self._writing(thread_id) as tenure:
+        with self._writing(thread_id, ns=ns) as tenure:
             c: dict[str, Any] = dict(checkpoint)
             values: dict[str, Any] = c.pop("channel_values", None) or {}
             versions: ChannelVersions = c.get("channel_versions") or {}
@@ -963,6 +1001,11 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             with self._lock:
                 _bounded(self._last, (thread_id, ns))
                 self._last[(thread_id, ns)] = (checkpoint_id, refs)
+            view = self._views.get((thread_id, ns))
+            if view is not None:  # checked in `_writing`: the newest now is this or newer
+                newest = checkpoint_id if view[0] in (parent, "") or key > lg_checkpoint_key(
+                    thread_id, ns, view[0]) else view[0]
+                self._note_view((thread_id, ns), (newest, tenure))
             if self._remote:
                 self._saw_newest(thread_id, ns, key)
         return self._config(thread_id, ns, checkpoint_id)
@@ -1024,7 +1067,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         thread_id, ns, checkpoint_id = self._ids(config)
         if checkpoint_id is None:
             raise ValueError("put_writes needs config['configurable']['checkpoint_id']")
-        with self._writing(thread_id) as tenure:
+        with self._writing(thread_id, ns=ns) as tenure:
             self._name_thread(thread_id, tenure)
             regular = sorted((i for i in items if i[0] >= 0), key=lambda i: i[0])
             special = [i for i in items if i[0] < 0]
@@ -1086,6 +1129,8 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 del self._newest[k]
             for k in [k for k in self._current if k[0] == thread_id and (ns is None or k[1] == ns)]:
                 del self._current[k]
+            for k in [k for k in self._views if k[0] == thread_id and (ns is None or k[1] == ns)]:
+                del self._views[k]
         self._plans.forget(thread_id, ns)
 
     def _namespaces(self, thread_id: str) -> _Strs:
@@ -1169,8 +1214,9 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
     # ------------------------------------------------------------------------------ async
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        before = self._tenure_of(config)
         found = await asyncio.to_thread(self._get_tuple, config)
-        self._after_read(config, found)  # here: the caller's context, not the worker thread's
+        self._after_read(config, found, before)  # here: the caller's context, not the worker thread's
         return found
 
     async def alist(
@@ -1235,7 +1281,7 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
 
     @contextlib.contextmanager
     def _writing(self, thread_id: str, *, fresh: bool = False, confirm: bool = True,
-                 erase: bool = False) -> Iterator[object]:
+                 erase: bool = False, ns: str | None = None) -> Iterator[object]:
         """Hold the thread for one write (`ThreadLeases.begin`/`end`): the keeper does not give
         it back as idle while the write is in flight, however long it takes, and with `confirm`
         the write is acknowledged only if the lease held, in the generation it began under,
@@ -1247,7 +1293,10 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
         prune) waits for the other savers' writes in flight and removes alone; a write after a
         removal by any saver of the process first forgets what this saver knew of the thread,
         which may name removed objects (a checkpoint referring to them was acknowledged and
-        unreadable elsewhere)."""
+        unreadable elsewhere).
+
+        `ns`: the write extends what this saver last saw of that namespace (a put, put_writes):
+        refused, nothing written, if another process wrote it since (`_check_view`)."""
         if self.leases is None:
             gate = self._enter_gate(thread_id, erase)
             try:
@@ -1260,10 +1309,19 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
             self._wrote.add(thread_id)
             if len(self._wrote) > _MAX_WROTE:  # a long-lived saver: keep only what is still held
                 self._wrote &= set(self.leases.holding())
-        done = False
+        done = refused = False
         try:
             gate = self._enter_gate(thread_id, erase)
             try:
+                # inside the gate: a removal by another saver of this process, which forgets
+                # what this one saw, is no other process's write
+                view = None if ns is None else self._views.get((thread_id, ns))  # one dict read
+                if view is not None and view[1] is not tenure:
+                    try:
+                        self._check_view(thread_id, str(ns), tenure)
+                    except ThreadBusyError:
+                        refused = True
+                        raise
                 yield tenure
             finally:
                 self._leave_gate(thread_id, gate)
@@ -1275,6 +1333,54 @@ class CkptfsSaver(BaseCheckpointSaver[Any]):
                 # the write is not acknowledged: nothing it noted (inside the gate) is trusted
                 self._forget_removed(thread_id)
                 raise
+            if refused:  # nothing written: the thread goes back now, not after lease_idle
+                self.leases.release(thread_id)
+
+    def _check_view(self, thread_id: str, ns: str, tenure: object) -> None:
+        """Under the thread's lease, before a write that extends what this saver last saw of the
+        namespace (`_views`: its newest checkpoint when last read or written here; "": it was
+        empty): ThreadBusyError unless that is the newest still. The lease alone did not say: a
+        process that waited for it (busy_timeout), or came back after its holder let go, wrote
+        on the state it had read before the holder's writes, and the thread's newest checkpoint
+        no longer had them in its history (or, read empty, the thread got a second root).
+        Needed once per tenure (the view then holds while the lease does): one listing, beside
+        the requests that took the lease.
+
+        A write of this saver in flight beside this one (LangGraph's put_writes beside its put)
+        may have checked the view under this tenure and stored a checkpoint since: the view is
+        looked at again after the listing, and a check of it under this tenure stands."""
+        at = (thread_id, ns)
+        ckpts = lg_ns_prefix(thread_id, ns) + CKPT
+        while True:
+            view = self._views.get(at)
+            if view is None or view[1] is tenure:
+                return
+            seen = lg_checkpoint_key(thread_id, ns, view[0]) if view[0] else ""
+            if seen:
+                # from just below the key seen: it and anything newer, in one request
+                found = [k for k in checkpoint_keys(self.storage.list(ckpts, seen[:-1])) if k >= seen]
+            else:
+                found = checkpoint_keys(self.storage.list(ckpts))
+            with self._lock:
+                now = self._views.get(at)
+                if now is None or now[1] is tenure:
+                    return
+                if now[0] != view[0]:
+                    continue  # read again meanwhile: check what that read saw
+                if found == ([seen] if seen else []):
+                    self._views[at] = (view[0], tenure)
+                    return
+            break
+        if found:
+            newest = lg_decode(found[-1].rsplit("/", 1)[1])
+            what = (f"checkpoint {newest} is newer than the one read" if seen
+                    else f"it was empty then and now holds checkpoint {newest}")
+        else:
+            what = "the checkpoint read is gone (deleted or pruned)"
+        where = f" (namespace {ns!r})" if ns else ""
+        raise ThreadBusyError(thread_id, None, f"it wrote the thread{where} since this process read "
+                              f"it ({what}); nothing was written: read the thread again (a new "
+                              "invoke) before writing, or its history would fork")
 
     def _enter_gate(self, thread_id: str, erase: bool) -> threading.Event | None:
         """Pass the thread's gate (`erasures.py`): a removal's event, or None for a write, which
