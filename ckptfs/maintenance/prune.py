@@ -11,9 +11,11 @@ each candidate's age is read again right before its delete, so such bytes count 
 
 Artifact collection is refused outright when any remaining run file cannot be decoded:
 its references are unknowable, and deleting what it might point at could make a
-repairable store worse. The same holds for a run folder (`log/`, `delta/`, `snap/`) that is no
-directory (a symlink, never followed, or a file): its run's retention removes nothing, as
-what it holds is unknown, and nothing is collected.
+repairable store worse. So it is when a run's files keep vanishing between its listing and
+their reads (a live writer's retention outrunning prune): an artifact goes only once every
+file of one listing of each run was read (`_run_refs`). The same holds for a run folder
+(`log/`, `delta/`, `snap/`) that is no directory (a symlink, never followed, or a file): its
+run's retention removes nothing, as what it holds is unknown, and nothing is collected.
 
 A delete that fails (a run folder this user may not write, an object a bucket policy protects)
 stops that run's retention only: prune is a nightly job, and one run it cannot touch must not
@@ -46,6 +48,7 @@ from ckptfs.errors import (
 from ckptfs.format.keys import (
     ARTIFACTS,
     RUNS,
+    RunFile,
     artifact_key,
     blocked_run_dirs,
     classify,
@@ -58,6 +61,7 @@ from ckptfs.format.models import ArtifactRef, validate_id
 from ckptfs.format.reader import collect_refs, decode_run_file
 from ckptfs.format.units import parse_duration as parse_duration
 from ckptfs.format.units import require_whole, seconds_value
+from ckptfs.maintenance.verify import VANISHED_RECHECKS
 from ckptfs.storage.base import Storage
 from ckptfs.storage.registry import list_keys, open_target
 from ckptfs.store.checkpoint_store import CheckpointStore
@@ -219,39 +223,91 @@ def _delete_run_files(storage: Storage, report: PruneReport, plan: RetentionResu
     return replace(plan, dry_run=False)
 
 
-def _referenced(storage: Storage, doomed: set[str], seen: set[str]) -> tuple[set[str], list[str]]:
-    """Every artifact sha referenced by a run file that stays, and the files that could not be read."""
+def _referenced(storage: Storage, doomed: set[str], seen: set[str]
+                ) -> tuple[set[str], list[str], list[str]]:
+    """Every artifact sha referenced by a run file that stays, the files that could not be read,
+    and the runs whose files kept vanishing while they were read (`_run_refs`)."""
     refs: dict[str, ArtifactRef] = {}
     keys = list_keys(storage, f"{RUNS}/")
     # a folder that is no directory holds (or leads to) files no listing shows: their
     # references are as unknown as those of a file that cannot be decoded
     unreadable = [not_a_directory([k]) for k in blocked_run_dirs(keys)]
+    changing: list[str] = []
     listing = classify(keys)
     for rid, files in listing.runs.items():
+        bad, settled = _run_refs(storage, rid, files, doomed, seen, refs)
+        unreadable += bad
+        if not settled:
+            changing.append(rid)
+    return set(refs), unreadable, changing
+
+
+def _run_refs(storage: Storage, run_id: str, files: list[RunFile], doomed: set[str], seen: set[str],
+              refs: dict[str, ArtifactRef]) -> tuple[list[str], bool]:
+    """Add the references of one run's files to `refs`: what could not be read, and whether
+    one listing of the run was read whole.
+
+    A file listed and then gone before its read is a live writer's retention: the snapshot it
+    just superseded, with the journal records under the new one. A snapshot holds every
+    reference of its state while journal records hold only changes, so skipping the gone file
+    lost the references only it held, and prune deleted artifacts the run still loads (beside a
+    writer with keep_last=1: every version unloadable, in 4 of 4 tries). So the run is listed
+    again and its new files read (the superseding snapshot among them: a writer stores it before
+    it deletes the old one) until one listing is read with nothing gone. A listing shows every
+    key written before it began (local disk; S3 since its 2020 strong consistency), so that pass
+    read the newest start of the run and every record after it. A run still changing after
+    VANISHED_RECHECKS listings is reason not to collect at all, never a file skipped.
+    """
+    unreadable: list[str] = []
+    for _attempt in range(VANISHED_RECHECKS):
+        vanished = 0
         for rf in files:
             if rf.key in doomed or rf.key in seen:
                 continue
-            seen.add(rf.key)
             try:
-                rec = decode_run_file(storage.get(rf.key), rf, rid)
+                rec = decode_run_file(storage.get(rf.key), rf, run_id)
             except FileNotFoundError:
+                vanished += 1  # not seen: should a listing show it again, it is read again
                 continue
             except (CorruptFileError, OSError) as exc:
+                seen.add(rf.key)
                 unreadable.append(f"{rf.key}: {getattr(exc, 'reason', exc)}")
                 continue
+            seen.add(rf.key)
             collect_refs(rec.body, refs)
-    return set(refs), unreadable
+        if not vanished:
+            return unreadable, True
+        logger.info("run %s: %d file(s) vanished while prune read them (a writer's retention?); "
+                    "listing the run again", run_id, vanished)
+        keys = list_keys(storage, run_prefix(run_id))
+        blocked = blocked_run_dirs(keys)
+        if blocked:
+            return [*unreadable, not_a_directory(blocked)], True
+        files = classify(keys).runs.get(run_id, [])
+    return unreadable, False
+
+
+def _skip_changing(report: PruneReport, changing: list[str]) -> None:
+    """Collection refused: runs whose files vanished on every listing have unknown references."""
+    report.artifact_gc = (f"skipped: the files of {len(changing)} run(s) kept vanishing while prune "
+                          f"read them ({VANISHED_RECHECKS} listings each; a writer's retention?), so "
+                          f"their references are unknown; a later prune collects (first: "
+                          f"{changing[0]!r})")
+    report.problems.append(report.artifact_gc)
 
 
 def _collect_artifacts(storage: Storage, report: PruneReport, now: float) -> None:
     skew = now - time.time()  # `now` may be a caller's clock; the re-check below keeps to it
     doomed = {k for r in report.runs for k in r.deleted}
     seen: set[str] = set()
-    refs, unreadable = _referenced(storage, doomed, seen)
+    refs, unreadable, changing = _referenced(storage, doomed, seen)
     if unreadable:
         report.artifact_gc = (f"skipped: {len(unreadable)} run file(s) or folder(s) cannot be read, so their "
                               f"references are unknown; run `ckptfs verify` (first: {unreadable[0]})")
         report.problems.append(report.artifact_gc)
+        return
+    if changing:
+        _skip_changing(report, changing)
         return
     candidates: list[str] = []
     young: list[str] = []
@@ -276,10 +332,13 @@ def _collect_artifacts(storage: Storage, report: PruneReport, now: float) -> Non
     report.artifacts_young = young
     # A writer may have committed since the first scan: read only the new run files again,
     # so the window in which a just-written reference can be missed stays short.
-    late, unreadable = _referenced(storage, doomed, seen)
+    late, unreadable, changing = _referenced(storage, doomed, seen)
     if unreadable:
         report.artifact_gc = f"skipped: a new run file cannot be read ({unreadable[0]})"
         report.problems.append(report.artifact_gc)
+        return
+    if changing:
+        _skip_changing(report, changing)
         return
     for key in candidates:
         sha = parse_artifact_key(key)
