@@ -3,7 +3,8 @@
 Counted at a loopback proxy in front of the moto server, so what is counted is what crossed
 the wire. Each request is held `DELAY` seconds there: requests sent together arrive within
 milliseconds of each other, one round trip later the next ones arrive `DELAY` after, so the
-arrival times fall into waves, one per round trip, whatever the machine's load.
+arrival times fall into waves, one per round trip. A request counts in a later wave only if
+it arrived after an earlier one's answer could have left (see `Recorder.round_trips`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from backends.s3.embedded import EmbeddedS3
 from ckptfs.integrations.langgraph import CkptfsSaver
 from tests._fault_proxy import Fault, FaultProxy, Request
 
-DELAY = 0.5
+DELAY = 0.8
 
 
 class Recorder:
@@ -53,8 +54,17 @@ class Recorder:
         return sorted(kind for _, kind in self.seen)
 
     def round_trips(self) -> int:
+        """The longest chain of requests each of which could have waited on the one before.
+
+        A request can depend on another only if it arrived after that one's answer could have
+        left the proxy (its arrival + `DELAY`). Counting gaps between consecutive arrivals
+        instead split one wave in two when a loaded machine sent its last request late.
+        """
         times = sorted(t for t, _ in self.seen)
-        return sum(1 for i, t in enumerate(times) if i == 0 or t - times[i - 1] > DELAY / 2)
+        depth: list[int] = []
+        for i, t in enumerate(times):
+            depth.append(1 + max((depth[j] for j in range(i) if times[j] + DELAY <= t), default=0))
+        return max(depth, default=0)
 
 
 @pytest.fixture
