@@ -36,6 +36,7 @@ from pydantic import (
 
 from ckptfs.errors import ConfigError, StorageUnavailableError, name_cut, quote_value
 from ckptfs.format.units import MAX_SCHEDULE_SECONDS, foreign_digits, parse_duration
+from ckptfs.storage.options import MAX_OPTIONS_DEPTH, check_options_depth, too_deep
 from ckptfs.storage.redact import is_secret_option, redact_options, redact_url
 from ckptfs.storage.registry import open_storage
 
@@ -59,37 +60,6 @@ ENV_VARS: dict[str, tuple[str, str, str]] = {
     "CKPTFS_MIRROR_STORAGE_OPTIONS": ("mirror", "options", "json"),
 }
 
-# Storage options nest a few levels (config_kwargs.s3.addressing_style is three). Every walk over
-# them recurses (merging -o over the settings, redaction, the scrubber's search for secrets), so
-# options nested thousands deep ended in a RecursionError: a raw traceback from
-# $CKPTFS_STORAGE_OPTIONS (the scrubber reads it before the CLI's error handling), "internal",
-# exit 3, from `-o a.a.(...).b=1` or a TOML file. Each parser of options refuses them instead.
-MAX_OPTIONS_DEPTH = 32
-
-
-def _too_deep(where: str) -> ConfigError:
-    return ConfigError(f"{where}: storage options nested deeper than {MAX_OPTIONS_DEPTH} levels "
-                       "(tables and lists within each other); no storage option is that deep")
-
-
-def check_options_depth(options: Any, where: str) -> None:
-    """ConfigError naming `where` for options whose tables and lists nest deeper than
-    MAX_OPTIONS_DEPTH: each parser of options (JSON, TOML, -o's dotted keys) calls it on what
-    it read, so no later walk meets a deeper tree. Iterative: it must not fail as they did."""
-    stack: list[tuple[Any, int]] = [(options, 0)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, Mapping):
-            children: Any = value.values()
-        elif isinstance(value, list | tuple):
-            children = value
-        else:
-            continue
-        if depth >= MAX_OPTIONS_DEPTH:
-            raise _too_deep(where)
-        stack.extend((child, depth + 1) for child in children)
-
-
 def json_object_env(var: str, raw: str) -> dict[str, Any]:
     """An environment variable that holds a JSON object (storage options); errors name it."""
     try:
@@ -100,7 +70,7 @@ def json_object_env(var: str, raw: str) -> dict[str, Any]:
         raise ConfigError(f"${var}: holds a number of more than {sys.get_int_max_str_digits()} "
                           "digits") from None
     except RecursionError:  # the decoder gives up on deep nesting, far past the limit
-        raise _too_deep(f"${var}") from None
+        raise too_deep(f"${var}") from None
     if not isinstance(value, dict):
         raise ConfigError(f"${var}: must be a JSON object")
     check_options_depth(value, f"${var}")

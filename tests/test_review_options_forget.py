@@ -37,8 +37,11 @@ from test_review_prune_cli_hostile import DENSE, ckptfs
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
 from ckptfs.cli._logging import Scrubber
 from ckptfs.errors import ConfigError
+from ckptfs.replication.mirror import mirror
+from ckptfs.replication.restore import restore
+from ckptfs.storage.registry import open_storage
 
-LIMIT = 32  # config.MAX_OPTIONS_DEPTH, spelled out: the test pins the documented limit
+LIMIT = 32  # storage.options.MAX_OPTIONS_DEPTH, spelled out: the test pins the documented limit
 DEEP = f"storage options nested deeper than {LIMIT} levels"
 ERROR_SHAPE = {"command", "ok", "error", "exit_code"}
 RUN = "papers"
@@ -105,6 +108,34 @@ def test_deep_options_in_a_config_file_are_a_config_error(local_store: Path, tmp
     conf = tmp_path / "deep.toml"
     conf.write_text(f'[store]\nurl = "{local_store}"\n[store.options]\n{options}\n')
     config_error(ckptfs("runs", "--config", conf, "--json", cwd=tmp_path), f"{conf}: ")
+
+
+@pytest.mark.parametrize("url", ["LOCAL", "memory://deep-options", "s3://ckptfs-deep/p"])
+def test_deep_options_from_python_are_a_config_error(tmp_path: Path, url: str) -> None:
+    """`open_storage`, `CheckpointStore`, `mirror` and `restore` given options past the limit
+    (or options that contain themselves) from Python code: a ConfigError naming the parameter,
+    before any walk over them recursed (they were accepted, and failed as a RecursionError at
+    the first redaction or scrub), and nothing created."""
+    url = str(tmp_path / "store") if url == "LOCAL" else url
+    deep: dict[str, Any] = {"x": 1}
+    for _ in range(5000):
+        deep = {"a": deep}
+    loop: dict[str, Any] = {}
+    loop["self"] = loop
+    for options in (deep, loop):
+        with pytest.raises(ConfigError, match=f"^storage_options: {DEEP}"):
+            open_storage(url, options)
+        with pytest.raises(ConfigError, match=DEEP):
+            CheckpointStore(url, storage_options=options)
+        with pytest.raises(ConfigError, match=DEEP):
+            mirror("memory://deep-src", url, dst_options=options)
+        with pytest.raises(ConfigError, match=DEEP):
+            restore(url, str(tmp_path / "restored"), src_options=options)
+    assert not (tmp_path / "store").exists() and not (tmp_path / "restored").exists()
+    shallow: dict[str, Any] = {"x": 1}
+    for _ in range(LIMIT - 1):
+        shallow = {"a": shallow}
+    open_storage(str(tmp_path / "ok"), shallow)  # the limit itself is fine
 
 
 def test_the_scrubber_refuses_options_it_cannot_walk() -> None:

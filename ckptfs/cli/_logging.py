@@ -57,7 +57,7 @@ def secret_values(options: Mapping[str, Any] | None = None,
                   env: Mapping[str, str] | None = None) -> set[str]:
     """The credential values found in storage options (recursively) and in the environment.
 
-    Options nested deeper than config.MAX_OPTIONS_DEPTH are a ConfigError, never a
+    Options nested deeper than storage.options.MAX_OPTIONS_DEPTH are a ConfigError, never a
     RecursionError: every parser of options refuses them, so none should arrive, and a scrubber
     that cannot read them must stop the command rather than let their secrets through. A
     variable of options that does not parse is skipped: the settings name it, exit 2."""
@@ -67,7 +67,7 @@ def secret_values(options: Mapping[str, Any] | None = None,
         out.update(v for v in secret_option_values(opts) if len(v) >= _MIN_SECRET)
 
     if options:
-        from ckptfs.config import check_options_depth
+        from ckptfs.storage.options import check_options_depth
 
         check_options_depth(options, "storage options")
         walk(options)

@@ -316,7 +316,7 @@ def storage_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def parse_items(items: list[str], flag: str) -> dict[str, Any]:
     """KEY=VALUE items into a nested dict (dotted keys nest); errors name the key, never a value."""
-    from ckptfs.config import check_options_depth
+    from ckptfs.storage.options import check_options_depth
 
     opts: dict[str, Any] = {}
     for item in items:

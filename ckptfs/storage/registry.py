@@ -12,6 +12,7 @@ from ckptfs.storage.base import Storage
 from ckptfs.storage.generic import FsspecStorage
 from ckptfs.storage.local import LocalStorage
 from ckptfs.storage.memory import MemoryStorage
+from ckptfs.storage.options import check_options_depth
 from ckptfs.storage.redact import has_credentials, redact_url, scrub_secrets
 from ckptfs.storage.s3 import S3Storage
 
@@ -33,6 +34,7 @@ def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     """Build the Storage a URL names: `file:///p`, a plain path, `memory://n`, `s3://b/p`, ..."""
     if not isinstance(url, str) or not url.strip():
         raise ConfigError("store URL must be a non-empty string")
+    check_options_depth(storage_options, "storage_options")
     opts = dict(storage_options or {})
     if "://" not in url:
         return LocalStorage(url, url, opts)
