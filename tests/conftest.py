@@ -9,6 +9,12 @@ from typing import Any
 import pytest
 
 from backends.s3.embedded import EmbeddedS3
+from tests import _cli_fork
+
+# `ckptfs` commands run by subprocess.run start by fork from a warm parent (tests/_cli_fork.py;
+# CKPTFS_TEST_FORK=0 turns it off): the interpreter's start and the imports were ~40% of the
+# suite's CPU.
+_cli_fork.install()
 
 
 @pytest.fixture(scope="session")
