@@ -82,15 +82,20 @@ def test_overlapping_ticks_and_triggers_never_run_two_mirrors_at_once(
 
 def test_missed_ticks_coalesce_into_one_pass(tmp_path: Path, memory_url: str) -> None:
     src, _ = _source(tmp_path)
-    job = MirrorJob(src, memory_url, every_n=1, interval=1.0, misfire_grace_time=30)
+    job = MirrorJob(src, memory_url, every_n=1, interval=2.0, misfire_grace_time=30)
     watch = _Watch(job, hold=0.0)
     job.start()
     try:
-        job.scheduler.pause()  # the process is busy / asleep: ticks at +1s, +2s, +3s are missed
-        time.sleep(3.4)
+        job.scheduler.pause()  # the process is busy / asleep: ticks at +2s, +4s, +6s are missed
+        time.sleep(6.6)
         assert watch.calls == 0
         job.scheduler.resume()
-        time.sleep(0.35)  # before the next tick (+4s)
+        # the first pass, looked at as soon as it starts: well before the next tick (+8s). (A
+        # fixed 0.35 s wait, a tick 0.65 s after the resume, once saw that tick too on a
+        # loaded machine.)
+        deadline = time.monotonic() + 1.2
+        while not watch.calls and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert watch.calls == 1  # three missed ticks ran once
     finally:
         job.shutdown(wait=True)
