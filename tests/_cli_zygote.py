@@ -3,16 +3,21 @@ interpreter and importing its libraries each time.
 
     python tests/_cli_zygote.py SOCKET SCRIPT
 
-The suite runs the real `ckptfs` executable about 1,800 times, at ~0.4 s of CPU apiece on
-2 cores (1.2 s for an S3 URL, which imports s3fs, aiobotocore and aiohttp): about 40% of the
-suite's CPU went on starting interpreters and importing the same third-party libraries. This
-process imports those libraries once (never ckptfs itself: whatever ckptfs reads from the
-environment while it imports, each command's child reads from its own), then, for each request
-on SOCKET, forks a child that takes the caller's stdin/stdout/stderr, environment, working
-directory and arguments and runs SCRIPT, the console script pip wrote, as `__main__`, exactly
+The suite runs the real `ckptfs` executable about 1,600 times, at ~0.4 s of CPU apiece on
+2 cores (1.2 s for an S3 URL, which imports s3fs, aiobotocore and aiohttp): half of the
+suite's CPU went on starting interpreters and importing the same modules. This process imports
+them once, the third-party libraries and then every module of ckptfs, and for each request on
+SOCKET forks a child. The child takes the caller's stdin/stdout/stderr, environment, working
+folder, umask and arguments. It then runs SCRIPT, the console script pip wrote, as `__main__`,
 as the interpreter would have. Each command is still a process of its own with its own exit
-code, killed for real on a timeout. tests/_cli_fork.py is the caller's side, and it sends
-here only what a fork cannot tell from a fresh interpreter (see `_cli_fork.forkable`).
+code, killed for real on a timeout. tests/_cli_fork.py is the caller's side, and it sends here
+only what a fork cannot tell from a fresh interpreter (see `_cli_fork.forkable`).
+
+A module imported here saw this process's environment, not the command's. ckptfs reads the
+environment only when a command runs, never while it imports
+(test_cli_fork_parity.test_importing_ckptfs_reads_no_environment holds it to that). The
+third-party libraries' import-time reads are covered by the caller: a command whose
+environment differs in them starts the real way.
 
 One request: an 8-byte length with the caller's three descriptors attached (SCM_RIGHTS), then
 that many bytes of JSON {argv, env, cwd, umask}. The answer: the command's pid (4 bytes, so the
@@ -27,6 +32,7 @@ import gc
 import importlib
 import json
 import os
+import pkgutil
 import runpy
 import select
 import signal
@@ -36,8 +42,9 @@ import sys
 import threading
 
 # The third-party and standard modules `ckptfs` commands import (2026-12-07: 700 modules in
-# all, s3fs alone ~0.5 s on 2 cores), by the roots that pull in the rest. A module missing
-# here is imported by the child itself: slower, never different.
+# all, s3fs alone ~0.5 s on 2 cores), by the roots that pull in the rest; ckptfs's own after
+# them (`ckptfs_modules`). A module missing here is imported by the child itself: slower,
+# never different.
 PRELOAD = [
     "argparse", "asyncio", "concurrent.futures", "ctypes.util", "dataclasses", "decimal",
     "email.utils", "fractions", "hashlib", "hmac", "http.client", "importlib.metadata", "json",
@@ -162,9 +169,19 @@ def _serve_one(conn: socket.socket, script: str, request: dict[str, object],
     os._exit(0)
 
 
+def ckptfs_modules() -> list[str]:
+    """Every module of the ckptfs package, by name (imported or not)."""
+    import ckptfs
+
+    return ["ckptfs", *(m.name for m in pkgutil.walk_packages(ckptfs.__path__, "ckptfs."))]
+
+
 def main(sock_path: str, script: str) -> None:
     for name in PRELOAD:
         with contextlib.suppress(Exception):  # absent or broken here: the child imports it itself
+            importlib.import_module(name)
+    for name in ckptfs_modules():
+        with contextlib.suppress(Exception):  # an optional integration's library is absent
             importlib.import_module(name)
     gc.freeze()  # the children's collections skip the preload's objects (their pages stay shared)
     if threading.active_count() != 1:  # a fork copies one thread only: a library left one

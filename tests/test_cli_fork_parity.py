@@ -10,10 +10,12 @@ written by a command that another then reads. What a fork cannot reproduce must 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -214,3 +216,60 @@ def test_what_a_fork_cannot_reproduce_runs_the_real_way(store: Path, change: dic
     assert not _cli_fork.forkable([CLI, "runs", str(store) + "\0"], {})
     assert not _cli_fork.forkable([CLI, b"runs"], {})
     assert _cli_fork.forkable([CLI, "runs", str(store)], {"env": dict(os.environ)})
+
+
+IMPORT_ALL = """
+import collections.abc, importlib, json, os, sys
+
+class Watched(collections.abc.MutableMapping):
+    '''os.environ, recording every variable read while ckptfs's modules import.'''
+    def __init__(self, inner):
+        self.inner, self.read = inner, []
+    def __getitem__(self, key):
+        self.read.append(key)
+        return self.inner[key]
+    def __setitem__(self, key, value):
+        self.inner[key] = value
+    def __delitem__(self, key):
+        del self.inner[key]
+    def __iter__(self):
+        self.read.append("<all of it>")
+        return iter(self.inner)
+    def __len__(self):
+        return len(self.inner)
+    def copy(self):
+        self.read.append("<all of it>")
+        return dict(self.inner)
+
+sys.path.insert(0, sys.argv[1])
+import _cli_zygote
+for name in _cli_zygote.PRELOAD:  # the zygote's order: the libraries first, then ckptfs
+    try:
+        importlib.import_module(name)
+    except Exception:
+        pass
+watched = Watched(os.environ)
+os.environ = watched
+names = _cli_zygote.ckptfs_modules()
+for name in names:
+    importlib.import_module(name)
+print(json.dumps({"modules": names, "read": watched.read}))
+"""
+
+
+def test_importing_ckptfs_reads_no_environment() -> None:
+    """The zygote imports every ckptfs module once, in its own environment, for all commands:
+    that is the same as each command importing them only while no module reads a variable as it
+    imports, but those a command with other values of runs the real way. A read at import would
+    see the zygote's value, not the command's."""
+    tests = str(Path(__file__).resolve().parent)
+    done = _cli_fork.REAL_RUN([sys.executable, "-c", IMPORT_ALL, tests], capture_output=True, text=True,
+                              timeout=120)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert "ckptfs.cli" in doc["modules"] and "ckptfs.store.checkpoint_store" in doc["modules"]
+    assert len(doc["modules"]) > 50
+    # pydantic reads PYDANTIC_DISABLE_PLUGINS as each model class is built: a prefix whose
+    # change sends a command the real way
+    assert not [k for k in doc["read"] if not k.startswith(_cli_fork.STARTUP_PREFIXES)], \
+        sorted(set(doc["read"]))
