@@ -144,6 +144,35 @@ class BaseRemovedError(ConflictError):
                              "moved this run on); reload the run to continue from the newest version")
 
 
+class StaleStepsError(ConflictError):
+    """A commit of steps another writer changed after this process last loaded (or refreshed)
+    the run: this process's copy of them is older than the store's. Nothing was written;
+    reload the run to continue from the newest version."""
+
+    def __init__(self, run_id: str, version: int, step_ids: list[str]) -> None:
+        self.run_id = run_id
+        self.version = version
+        self.step_ids = step_ids
+        shown = ", ".join(repr(name_cut(s)) for s in step_ids[:5])
+        more = f" and {len(step_ids) - 5} more" if len(step_ids) > 5 else ""
+        CkptfsError.__init__(self, f"run {run_id!r}: version {version} not written: step(s) "
+                             f"{shown}{more} were changed by another writer after this copy of "
+                             "the run was loaded; reload the run to continue from the newest "
+                             "version")
+
+
+class RunBusyError(ConflictError):
+    """The run is being executed by another agent of this process on the same store: one
+    execution per run at a time (a `Worker` is how several share one run)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.version = 0
+        CkptfsError.__init__(self, f"run {run_id!r} is being executed by another agent on this "
+                             "store; one execution per run at a time (Worker shares a run among "
+                             "several)")
+
+
 class UnstorableValueError(CkptfsError, ValueError):
     """A commit refused because a load could not give back what it was asked to store.
 

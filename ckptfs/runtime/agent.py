@@ -31,12 +31,16 @@ import concurrent.futures
 import inspect
 import logging
 import random
+import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from ckptfs.errors import (
+    ConflictError,
     RetriesExhaustedError,
+    RunBusyError,
     RunStoppedError,
     StorageUnavailableError,
     UnstorableValueError,
@@ -89,6 +93,23 @@ def _stored_already(run_id: str, what: str) -> ValueError:
     """What a new run of a stored run's id is refused with (saved, it would replace that run)."""
     return ValueError(f"{what} {run_id!r} is already stored; continue it with "
                       f"agent.resume_run({run_id!r}), or give the new run another id")
+
+
+# Runs executing in this process, by the store they commit to (weak: a store that goes away
+# takes its entry with it). One execution per run and store at a time: `_begin`.
+_EXECUTING: weakref.WeakKeyDictionary[CheckpointStore, set[str]] = weakref.WeakKeyDictionary()
+_EXECUTING_LOCK = threading.Lock()
+
+
+def _stale(exc: BaseException) -> bool:
+    """Whether `exc` says another writer committed to the run since this execution read it
+    (ConflictError, from a commit of the agent's or of a tool runner's inside a step). The run
+    then stops with it, and nothing more is written: this process's copy is behind the store,
+    and a commit of it would land on the other writer's versions, overwriting the steps it
+    finished. Retrying the step did just that: two agents resuming one run both ran it to
+    the end, the second one's results replacing the first's, every completion acknowledged
+    twice. Load the run again to go on."""
+    return isinstance(exc, ConflictError)
 
 
 class CheckpointedAgent:
@@ -304,12 +325,14 @@ class CheckpointedAgent:
             plan = self._finish(ex)
             self._commit(ex, plan, charge=plan[0] if plan else None)
         except BaseException as exc:
+            if _stale(exc):
+                raise
             unsaved = unsaved_stop(ex, exc, self._flush_after_crash(ex))
             if unsaved is not None:
                 raise unsaved from exc
             raise
         finally:
-            self._active.pop(run.run_id, None)
+            self._leave(run.run_id)
         self._after_finish(ex)
         return run
 
@@ -325,6 +348,8 @@ class CheckpointedAgent:
         token = CURRENT_STEP.set((ex.run.run_id, sid))
         try:
             out = executor(step, prior)
+        except ConflictError:
+            raise  # another writer moved the run: not this step's failure (`_stale`)
         except Exception as exc:
             plan = self._after_failure(ex, step, exc, tokens0, cost0, sid)
         else:
@@ -387,12 +412,14 @@ class CheckpointedAgent:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self._drain_io()
+            if _stale(exc):
+                raise
             unsaved = unsaved_stop(ex, exc, self._flush_after_crash(ex))
             if unsaved is not None:
                 raise unsaved from exc
             raise
         finally:
-            self._active.pop(run.run_id, None)
+            self._leave(run.run_id)
         self._after_finish(ex)
         return run
 
@@ -410,6 +437,8 @@ class CheckpointedAgent:
             out: Any = executor(step, prior)
             if inspect.isawaitable(out):
                 out = await out
+        except ConflictError:
+            raise  # another writer moved the run: not this step's failure (`_stale`)
         except Exception as exc:
             plan = self._after_failure(ex, step, exc, tokens0, cost0, sid)
         else:
@@ -426,6 +455,28 @@ class CheckpointedAgent:
                defer_commit: bool = False) -> Execution:
         if run.run_id in self._active:
             raise RuntimeError(f"run {run.run_id!r} is already executing in this agent")
+        with _EXECUTING_LOCK:
+            executing = _EXECUTING.setdefault(self.store, set())
+            if run.run_id in executing:
+                # Two agents of one store share its view of the run: neither is "another
+                # writer" to the store, so each committed over the other's steps and both
+                # paid for every call (8 of 10 twice with two threads).
+                raise RunBusyError(run.run_id)
+            executing.add(run.run_id)
+        try:
+            return self._begin_claimed(run, on_progress, defer_commit)
+        except BaseException:
+            self._leave(run.run_id)
+            raise
+
+    def _leave(self, run_id: str) -> None:
+        """The execution of `run_id` is over (returned, raised or never began)."""
+        self._active.pop(run_id, None)
+        with _EXECUTING_LOCK:
+            _EXECUTING.get(self.store, set()).discard(run_id)
+
+    def _begin_claimed(self, run: AgentRun, on_progress: ProgressCallback | None,
+                       defer_commit: bool) -> Execution:
         if run.status == "superseded":
             raise ValueError(f"run {run.run_id!r} was superseded by "
                              f"{run.metadata.get('superseded_by')!r}; execute that one")
@@ -466,11 +517,7 @@ class CheckpointedAgent:
                     run.run_id, ex.completed, len(steps), len(ex.ready), self.policy.describe())
         self._emit(ex, "run_started", None)
         if not defer_commit:
-            try:
-                self._commit(ex, ex.take(), recover=False)
-            except BaseException:
-                self._active.pop(run.run_id, None)
-                raise
+            self._commit(ex, ex.take(), recover=False)
         return ex
 
     def _start_attempt(self, ex: Execution, step: Step) -> list[Step] | None:

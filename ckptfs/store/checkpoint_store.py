@@ -46,6 +46,7 @@ from ckptfs.errors import (
     LeaseLostError,
     RecordTooLargeError,
     RunNotFoundError,
+    StaleStepsError,
     StepCompletedError,
     VersionLimitError,
 )
@@ -404,7 +405,9 @@ class CheckpointStore:
             if head is not None and head.version and head.run_json is not None and not head.branching:
                 if self._catch_up(head) is not None:
                     try:
-                        return head.run()
+                        run = head.run()
+                        head.others.clear()  # the caller now holds what they wrote
+                        return run
                     except (ValidationError, ValueError) as exc:
                         logger.warning("run %s: cached state does not validate (%s); reloading",
                                        run_id, exc)
@@ -491,6 +494,20 @@ class CheckpointStore:
             head.steps_cmp[step.id] = model_json  # packed off the commit path (_commit)
             changed.append(step)
         return changed
+
+    def _refuse_stale(self, head: Head, changes: Changes) -> None:
+        """StaleStepsError if `changes` writes a step another writer changed after this process
+        last handed the run out (`Head.others`); the head is dropped, so the next load reads
+        the store. Without it, a second agent resuming a run that another process was running
+        caught up with that one's records through its tool-call log (which rebases) and then
+        committed its own older copy of the same steps over them: both ran the run to the end,
+        every completion acknowledged twice, the last writer's results kept. Workers write
+        their steps under leases (`commit_step`, which rebases) and refresh before a plain
+        commit, so they never meet it."""
+        stale = sorted(sid for sid in changes.steps if sid in head.others)
+        if stale:
+            self._forget(head.run_id)
+            raise StaleStepsError(head.run_id, head.version + 1, stale)
 
     @staticmethod
     def _rollback(head: Head, undo: dict[str, codec.Fragment | None]) -> None:
@@ -811,6 +828,8 @@ class CheckpointStore:
                 for sid in removed:
                     changes.steps[sid] = None
                     undo.setdefault(sid, head.steps_cmp.pop(sid, None))
+                if not rebase and head.others:
+                    self._refuse_stale(head, changes)
                 if tool_calls:  # one step's calls (commit_step)
                     sid = steps[0].id
                     changes.tool_log[sid] = [self._values.tool_call_json(c, pending, run_id, sid)

@@ -53,6 +53,10 @@ class Head:
     confirmed_at: tuple[float, float] = field(default_factory=lambda: (time.monotonic(), time.time()))
     branching: bool = False  # loaded after a fallback: the next commit starts a new branch
     shared: bool = False  # others have committed to this run: catch up before committing
+    # Steps others changed (or removed) since this process last handed out the run (a load
+    # gives a new head; `refresh` clears it): a plain commit of one of them is refused
+    # (StaleStepsError), since the caller's copy of it is older than the store's.
+    others: set[str] = field(default_factory=set)
     # save_run's change tracking (module docstring): valid while fast_version == version.
     fast_run: weakref.ref[AgentRun] | None = None
     fast_version: int = -1

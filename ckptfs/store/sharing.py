@@ -130,6 +130,7 @@ def apply_record(loader: RunLoader, head: Head, rec: codec.Record, submit: Submi
         head.steps_cmp.pop(sid, None)
         head.deps.pop(sid, None)
         head.status.pop(sid, None)
+    head.others.update(steps, removed)
     for sid, out in calls.items():
         head.tool_log.setdefault(sid, []).extend(out)
     if run_json is not None:
