@@ -141,6 +141,22 @@ def test_none_results_are_cached_too(store: CheckpointStore) -> None:
     assert calls == [1]
 
 
+def test_the_seed_articles_keyword_for_the_tool_works(store: CheckpointStore) -> None:
+    """`runner.run(name, args, actual_tool_fn=f)`, as the article calls it (a TypeError before:
+    the keyword had become `fn`); exactly one of the two names."""
+    run = saved_run(store)
+    runner = IdempotentToolRunner(CheckpointedAgent(store), run.run_id, "s1")
+    calls: list[str] = []
+    assert runner.run("search", {"q": "x"}, actual_tool_fn=lambda q: calls.append(q) or "hit") == "hit"
+    assert runner.run("search", {"q": "x"}, fn=lambda q: calls.append(q) or "again") == "hit"
+    assert calls == ["x"]
+    with pytest.raises(TypeError, match="exactly one"):
+        runner.run("search", {"q": "y"}, lambda q: q, actual_tool_fn=lambda q: q)
+    with pytest.raises(TypeError, match="exactly one"):
+        runner.run("search", {"q": "y"})
+    assert calls == ["x"]
+
+
 def test_idempotency_key_is_deterministic_and_reaches_the_tool(store: CheckpointStore) -> None:
     run = saved_run(store)
     agent = CheckpointedAgent(store)

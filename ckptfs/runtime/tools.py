@@ -257,11 +257,14 @@ class IdempotentToolRunner:
             kwargs[key_arg] = idem
         return kwargs
 
-    def run(self, tool_name: str, arguments: Mapping[str, Any], fn: Callable[..., Any], *,
+    def run(self, tool_name: str, arguments: Mapping[str, Any],
+            fn: Callable[..., Any] | None = None, *,
             irreversible: bool = False, guard: Callable[[ToolCall], object] | None = None,
-            checkpoint: bool = False, idempotency_key_arg: str | None = None) -> Any:
+            checkpoint: bool = False, idempotency_key_arg: str | None = None,
+            actual_tool_fn: Callable[..., Any] | None = None) -> Any:
         """Call `fn(**arguments)` unless this step already did; the result is durable on return.
 
+        actual_tool_fn: the seed article's name for `fn`; its users pass it by keyword.
         irreversible: write a durable intent first; on replay an open intent goes to `guard`
             (returns Done(result)/True if the action took effect, False/None to call again);
             without a guard, or when it raises or answers anything else, an open intent
@@ -270,6 +273,11 @@ class IdempotentToolRunner:
             (for an expensive call after many cheap, not yet committed steps).
         idempotency_key_arg: pass the call's idempotency key to `fn` under this name.
         """
+        if (fn is None) == (actual_tool_fn is None):
+            raise TypeError("IdempotentToolRunner.run() takes the tool as `fn` (or the seed "
+                            "article's `actual_tool_fn`): exactly one of them")
+        fn = fn if fn is not None else actual_tool_fn
+        assert fn is not None
         key, idem = self._prepare(tool_name, arguments)
         with self._state.in_flight(key):  # an identical call in flight: wait for its record
             paid, result = self._run_held(tool_name, arguments, fn, key, idem, irreversible, guard,
