@@ -15,6 +15,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -600,3 +601,22 @@ def test_an_async_guard_is_awaited_by_arun(tmp_path: Path, how: str) -> None:
             with pytest.raises(RunStoppedError, match="coroutine function, which only arun can await"):
                 asyncio.run(agent.aexecute_run(again, ex))  # type: ignore[arg-type]
     assert sent == ["mail"]
+
+
+def test_a_monitors_history_shows_calls_another_store_logged_after_its_first_read(
+        shared_url: tuple[str, dict[str, Any]]) -> None:
+    """A long-lived store (a monitor, a dashboard) reads a step's history, then another process
+    logs two calls: the monitor sees them on its next read, as a fresh store does (it kept
+    answering 0 until something else made it reload)."""
+    url, opts = shared_url
+    with CheckpointStore(url, opts) as monitor, CheckpointStore(url, opts) as writer:
+        run = AgentRun(run_id="watched", goal="g")
+        run.add_step(Step(id="s1", title="fetch"))
+        writer.save_run(run)
+        assert monitor.get_tool_call_history("watched", "s1") == []
+        for i in range(2):
+            writer.log_tool_call("watched", "s1", ToolCall(tool_name="search", arguments={"i": i},
+                                                           result=f"r{i}", idempotency_key=f"k{i}"))
+        seen = monitor.get_tool_call_history("watched", "s1")
+        assert [c.result for c in seen] == ["r0", "r1"]
+        assert [c.result for c in monitor.get_tool_call_history("watched", "s1", fresh=False)] == ["r0", "r1"]

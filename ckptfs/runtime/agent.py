@@ -218,7 +218,7 @@ class CheckpointedAgent:
             return new
 
         def log_len(sid: str) -> int:
-            return len(self.store.get_tool_call_history(run_id, sid))
+            return len(self.store.get_tool_call_history(run_id, sid, fresh=False))
 
         changed = {s.id: s for s in requeue_interrupted(run)}
         # Invalidation first: a failed step downstream of a rejected one is then reset by it,

@@ -343,7 +343,7 @@ class ToolLogs:
                 old = self._flying.pop(key, None)
             # the holds of a forgotten index, with the mutex that guards them
             state = ToolLogState() if old is None else ToolLogState(_mutex=old._mutex, _flights=old._flights)
-            calls = self.store.get_tool_call_history(run_id, step_id)
+            calls = self.store.get_tool_call_history(run_id, step_id, fresh=False)
             for call in calls[self.start_of(run_id, step_id):]:
                 state.add(call)
             with self._lock:
@@ -374,5 +374,5 @@ class ToolLogs:
             state.add(call)
 
     def prior_calls(self, run_id: str, step: Step, start: int) -> list[ToolCall]:
-        calls = self.store.get_tool_call_history(run_id, step.id)
+        calls = self.store.get_tool_call_history(run_id, step.id, fresh=False)
         return calls[start:] if start else calls

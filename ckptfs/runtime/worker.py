@@ -333,7 +333,7 @@ class Worker:
             self.store.refresh(run_id)
             state = self._host.logs.state(run_id, step_id)
             start = self._tool_log_start(run_id, step_id)
-            for call in self.store.get_tool_call_history(run_id, step_id)[start:]:
+            for call in self.store.get_tool_call_history(run_id, step_id, fresh=False)[start:]:
                 state.add(call)
         hb.check()
 
@@ -375,7 +375,7 @@ class Worker:
             self.store.refresh(run_id)
             ident = (call.id, call.phase, call.timestamp)
             if not any((c.id, c.phase, c.timestamp) == ident
-                       for c in self.store.get_tool_call_history(run_id, step_id)):
+                       for c in self.store.get_tool_call_history(run_id, step_id, fresh=False)):
                 return False
             if claim is not None:
                 with self._claim_lock:

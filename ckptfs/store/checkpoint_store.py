@@ -1004,11 +1004,21 @@ class CheckpointStore:
 
     # ---------------------------------------------------------------------- read helpers
 
-    def get_tool_call_history(self, run_id: str, step_id: str) -> list[ToolCall]:
-        """All logged tool calls of a step, oldest first (seed API)."""
+    def get_tool_call_history(self, run_id: str, step_id: str, *, fresh: bool = True) -> list[ToolCall]:
+        """All logged tool calls of a step, oldest first (seed API), as the store holds them now.
+
+        A store that had read the run before caught up first (one LIST, and a GET per record
+        others wrote since): a long-lived monitor kept answering what it saw at its first read,
+        missing every call another process logged after, where `load_run` and the article's
+        SQLite read the store each time. `fresh=False` answers from what this store already
+        holds (the runtime's own bookkeeping, which catches up where it needs to)."""
         validate_id(run_id, "run id")
         with self._lock(run_id):
             head = self._heads.get(run_id)
+            if (fresh and head is not None and head.version and not head.branching
+                    and self._catch_up(head) is None):
+                self._forget(run_id)
+                head = None
             if head is None:
                 if self._load(run_id, None, resolve=True, seed_head=True) is None:
                     return []
