@@ -68,6 +68,7 @@ from ckptfs.runtime.resume import (
     TOOL_LOG_START,
     build_brief,
     context_run,
+    context_run_id,
     dependants_index,
     invalidate,
     requeue_interrupted,
@@ -180,8 +181,11 @@ class CheckpointedAgent:
         "fuzzy": also re-check completed steps with `validator(step) -> bool`; rejected ones
             and everything downstream go back to PENDING (their old tool results fenced off).
         "context": a new run whose goal is a brief of this one (done work as given facts,
-            what remains) and whose steps are what remains; this run becomes "superseded".
-            The brief is also in `new_run.metadata["resume_brief"]` (see `ResumeBrief`).
+            what remains) and whose steps are what remains, with the tool calls each had
+            logged (replayed, not paid again); this run becomes "superseded". The brief is also
+            in `new_run.metadata["resume_brief"]` (see `ResumeBrief`). Its id is `new_run_id`,
+            else the same id derived from this run's every time (`context_run_id`), so a
+            restart killed midway and called again finishes the run it began.
         retry_failed: FAILED and SKIPPED steps are tried again (exact and fuzzy).
         """
         if strategy not in STRATEGIES:
@@ -200,7 +204,8 @@ class CheckpointedAgent:
             if new_run_id == run_id:
                 raise ValueError(f"resume_run: new_run_id {new_run_id!r} is the run being resumed; "
                                  "a context restart starts a run of another id (or None, a uuid)")
-            stored = None if new_run_id is None else self.store.load_run(new_run_id)
+            new_run_id = new_run_id if new_run_id is not None else context_run_id(run_id)
+            stored = self.store.load_run(new_run_id)
             if stored is not None and stored.metadata.get("resumed_from") == run_id:
                 # this restart, killed between its two writes and called again: finish it
                 new = stored
@@ -211,6 +216,7 @@ class CheckpointedAgent:
                     raise _stored_already(stored.run_id, "resume_run: new_run_id")
                 new = context_run(run, build_brief(run), new_run_id)
                 self.store.save_run(new)  # the new run first, so the old one never links to nothing
+            self._carry_tool_logs(run, new)
             self.store.commit(run, [])
             self._known.add(new.run_id)
             logger.info("run %s superseded by %s (context restart: %d done, %d remaining)",
@@ -235,6 +241,22 @@ class CheckpointedAgent:
         logger.info("resuming run %s (%s): %d/%d steps completed, %d put back in the queue",
                     run_id, strategy, run.completed_count, len(run.steps), len(changed))
         return run
+
+    def _carry_tool_logs(self, old: AgentRun, new: AgentRun) -> None:
+        """Copy into the context restart `new` the tool calls each of its steps logged in `old`
+        (from where the current attempt's log starts), so its runners replay them: a result
+        paid for is given back, an irreversible call's open intent goes to the guard. Without
+        them the new run paid again for every call a step had made before the restart. Only
+        the calls not copied yet: a restart killed midway and called again copies the rest."""
+        for sid in new.steps:
+            step = old.steps.get(sid)
+            if step is None:
+                continue
+            start = int(step.metadata.get(TOOL_LOG_START, 0))
+            calls = self.store.get_tool_call_history(old.run_id, sid, fresh=False)[start:]
+            have = len(self.store.get_tool_call_history(new.run_id, sid, fresh=False))
+            for call in calls[have:]:
+                self.store.log_tool_call(new.run_id, sid, call)
 
     def record_tool_call(self, run_id: str, step_id: str, tool_call: ToolCall) -> None:
         """Log a tool call durably, for audit and for the idempotency cache (seed API).

@@ -199,13 +199,24 @@ def build_brief(run: AgentRun) -> ResumeBrief:
     return brief
 
 
+# uuid5 namespace of context restarts' run ids (a fixed uuid4, never to change: it names them)
+CONTEXT_NAMESPACE = uuid.UUID("6f1e0c7a-3d5b-4c1e-9a2f-8b7d4e6c5a31")
+
+
+def context_run_id(run_id: str) -> str:
+    """The id a context restart of `run_id` gets unless told another: the same each time, so a
+    restart killed between its two writes and called again finds the run it began (it made a
+    second one, and both were listed as resumable, the remaining work done twice)."""
+    return str(uuid.uuid5(CONTEXT_NAMESPACE, run_id))
+
+
 def context_run(old: AgentRun, brief: ResumeBrief, new_run_id: str | None = None) -> AgentRun:
     """A fresh run carrying the brief: its goal is the prompt text, its steps what remains.
 
     Dependencies on completed steps are dropped (their results are facts in the goal now);
     dependencies among the remaining steps are kept. The old run is marked superseded.
     """
-    new = AgentRun(run_id=new_run_id or str(uuid.uuid4()), goal=brief.to_prompt())
+    new = AgentRun(run_id=new_run_id or context_run_id(old.run_id), goal=brief.to_prompt())
     remaining = {i.id for i in brief.remaining}
     for sid in (i.id for i in brief.remaining):
         s = old.steps[sid]
