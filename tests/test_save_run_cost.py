@@ -8,6 +8,7 @@ write must be the same, in the same order, and a fresh load must equal the run.
 
 from __future__ import annotations
 
+import copy
 import functools
 import uuid
 from collections.abc import Callable, Iterator
@@ -230,6 +231,18 @@ def _held_tool_call() -> Iterator[Op]:
     yield lambda store, run: held["c"].arguments["k"].append(2)
 
 
+def _shallow_copies() -> Iterator[Op]:
+    """A view made with model_copy() or copy.copy shares the step's containers: a change made
+    through it changes the run's step (lost before: save_run acknowledged a version without
+    it, and a new process loaded `{}`), also when made after the save that followed the copy."""
+    held: dict[str, Step] = {}
+    yield lambda store, run: held.update(view=s(run, 1).model_copy(), other=copy.copy(s(run, 5)))
+    yield lambda store, run: held["view"].metadata.__setitem__("findings", ["f1", "f2"])
+    yield lambda store, run: held["other"].metadata["a"].__setitem__("seen", True)
+    yield lambda store, run: held["view"].dependencies.append("s000")
+    yield lambda store, run: held.clear()
+
+
 OPS: dict[str, list[Op]] = {
     "assignment": [_completed(0), _completed(1), lambda store, run: setattr(s(run, 3), "tokens", 9)],
     "in_place": [
@@ -243,6 +256,7 @@ OPS: dict[str, list[Op]] = {
         lambda store, run: [s(run, i).metadata.__setitem__("n", i) for i in (8, 5, 7)],
     ],
     "held_references": list(_held_then_changed()) + list(_held_tool_call()),
+    "shallow_copies": list(_shallow_copies()),
     "add_and_remove": [
         lambda store, run: run.add_step(Step(id="n1", title="n1", dependencies=["s000"])),
         lambda store, run: run.steps.__setitem__("n2", Step(id="n2", title="n2")),

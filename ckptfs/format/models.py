@@ -17,7 +17,7 @@ import weakref
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from enum import Enum
 from types import UnionType
-from typing import TYPE_CHECKING, Any, Union, cast, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Self, Union, cast, get_args, get_origin
 
 from pydantic import AliasChoices, AliasPath, BaseModel, ConfigDict, Field, field_validator
 
@@ -310,6 +310,15 @@ class Step(BaseModel, metaclass=_KnownFields):
         # `dict(step)` and `for k, v in step` hand out the containers without a field read.
         _touch(self)
         yield from super().__iter__()
+
+    def __copy__(self) -> Self:
+        # A shallow copy (`model_copy()`, `copy.copy`) shares this step's containers: the
+        # copy's reads report the copy, so a change made through it (`view.metadata["x"] = 1`)
+        # was never seen, and save_run acknowledged a version without it. This step is
+        # reported instead, and it stays marked while the copy holds its containers
+        # (`holds_shared_values`), as for any reference kept past a commit.
+        _touch(self)
+        return super().__copy__()
 
     def is_ready(self, completed_ids: set[str]) -> bool:
         # Read past the exposing descriptor: checking readiness changes nothing, and
