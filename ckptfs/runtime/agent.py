@@ -41,6 +41,7 @@ from ckptfs.errors import (
     ConflictError,
     RetriesExhaustedError,
     RunBusyError,
+    RunNotFoundError,
     RunStoppedError,
     StorageUnavailableError,
     UnstorableValueError,
@@ -109,8 +110,10 @@ def _stale(exc: BaseException) -> bool:
     and a commit of it would land on the other writer's versions, overwriting the steps it
     finished. Retrying the step did just that: two agents resuming one run both ran it to
     the end, the second one's results replacing the first's, every completion acknowledged
-    twice. Load the run again to go on."""
-    return isinstance(exc, ConflictError)
+    twice. Load the run again to go on. A run forgotten meanwhile (RunNotFoundError: `ckptfs
+    forget` beside a live agent) stops it too: the step was retried, its paid call paid again,
+    and its commits re-created the run with only the steps they carried."""
+    return isinstance(exc, ConflictError | RunNotFoundError)
 
 
 class CheckpointedAgent:
@@ -370,8 +373,8 @@ class CheckpointedAgent:
         token = CURRENT_STEP.set((ex.run.run_id, sid))
         try:
             out = executor(step, prior)
-        except ConflictError:
-            raise  # another writer moved the run: not this step's failure (`_stale`)
+        except (ConflictError, RunNotFoundError):
+            raise  # another writer moved (or forgot) the run: not this step's failure (`_stale`)
         except Exception as exc:
             plan = self._after_failure(ex, step, exc, tokens0, cost0, sid)
         else:
@@ -459,8 +462,8 @@ class CheckpointedAgent:
             out: Any = executor(step, prior)
             if inspect.isawaitable(out):
                 out = await out
-        except ConflictError:
-            raise  # another writer moved the run: not this step's failure (`_stale`)
+        except (ConflictError, RunNotFoundError):
+            raise  # another writer moved (or forgot) the run: not this step's failure (`_stale`)
         except Exception as exc:
             plan = self._after_failure(ex, step, exc, tokens0, cost0, sid)
         else:
