@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ckptfs.cli._common import (
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_PROBLEMS,
     MAX_VERSION,
@@ -284,7 +285,8 @@ def _scheduled(args: argparse.Namespace, src: str, dst: str, src_opts: dict[str,
     from ckptfs.replication.job import MirrorJob
 
     stop = threading.Event()
-    last_ok = [True]  # the exit code is the last pass's: 0 only if it completed and was ok
+    # the exit code is the last pass's: 0 only if it completed and was ok; None: no pass did
+    last_ok: list[bool | None] = [None]
 
     def on_report(report: Any) -> None:
         last_ok[0] = bool(report.ok)
@@ -314,15 +316,20 @@ def _scheduled(args: argparse.Namespace, src: str, dst: str, src_opts: dict[str,
     err().print(f"mirroring {name_cut(job.src_display)} -> {name_cut(job.dst_display)} {when}; "
                 "Ctrl-C to stop",
                 markup=False, soft_wrap=True)
+    interrupted = False
     try:
         job.tick()  # a first pass right away, then on schedule
         while not stop.wait(0.5):
             pass
     except KeyboardInterrupt:
-        pass
+        interrupted = True
     finally:
         signal.signal(signal.SIGTERM, old)
         job.shutdown(wait=True)
+    if last_ok[0] is None:
+        # Ctrl-C during the first pass (it runs on this thread): no pass completed, so no
+        # report, and the exit was 0, "ok", where `--once` stopped the same way says 130
+        return EXIT_INTERRUPTED if interrupted else EXIT_PROBLEMS
     return EXIT_OK if last_ok[0] else EXIT_PROBLEMS
 
 
