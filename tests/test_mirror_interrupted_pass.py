@@ -68,3 +68,48 @@ def test_a_hole_left_by_a_killed_pass_is_filled_by_the_next_one_not_due_or_not(t
         assert again is not None
         assert [s.id for s in again.steps.values() if s.status == StepStatus.COMPLETED] == [
             f"p{i}" for i in range(7)]
+
+
+def _commit_steps(root: Path, policy: CompactionPolicy, ids: range, tag: str) -> None:
+    with CheckpointStore(str(root), policy=policy) as store:
+        run = store.load_run("papers")
+        assert run is not None
+        for i in ids:
+            step = run.steps[f"p{i}"]
+            step.status, step.result = StepStatus.COMPLETED, f"{tag} summary {i}"
+            store.commit(run, [step])
+
+
+def test_a_mirror_holding_another_machines_leftovers_is_a_conflict_on_every_pass(tmp_path: Path) -> None:
+    """Machine A's mirror pass was killed mid-copy and A was lost: the mirror holds A's v7 and
+    v8 above a hole at v6. B restored v5, went on to v10 and mirrors back. Before: B's first
+    pass said conflict but had copied v6, v9 and v10 in among A's files, and the next pass said
+    "up-to-date 10", exit 0, while a restore gave back v6. Now nothing is copied beside another
+    lineage's records, and every pass says conflict (exit 1) until an operator sorts it out."""
+    no_compaction = CompactionPolicy(background=False, keep_last=0, min_snapshot_bytes=10**9)
+    a, b, dst = tmp_path / "a", tmp_path / "b", tmp_path / "mirror"
+    with CheckpointStore(str(a), policy=no_compaction) as store:
+        run = AgentRun(run_id="papers", goal="g")
+        for i in range(10):
+            run.add_step(Step(id=f"p{i}", title=f"paper {i}"))
+        store.save_run(run)
+    _commit_steps(a, no_compaction, range(4), "A")  # v5
+    assert ckptfs("mirror", a, dst, "--once").returncode == 0
+    assert ckptfs("restore", dst, b).returncode == 0  # machine B, from the mirror at v5
+    _commit_steps(a, no_compaction, range(4, 7), "A")  # A goes on to v8 ...
+    a_log, dst_log = a / "runs" / "papers" / "log", dst / "runs" / "papers" / "log"
+    for version in (7, 8):  # ... and its killed pass left v7 and v8, not v6; then A was lost
+        name = f"{version:012d}.ckpt"
+        (dst_log / name).write_bytes((a_log / name).read_bytes())
+    _commit_steps(b, no_compaction, range(4, 9), "B")  # B goes on to v10
+    before = sorted(p.name for p in dst_log.iterdir())
+    for _ in range(2):
+        passed = ckptfs("mirror", b, dst, "--once", "--latest", "--json")
+        (result,) = [r for r in json.loads(passed.stdout)["runs"] if r["run_id"] == "papers"]
+        assert passed.returncode == 1 and result["status"] == "conflict", result  # 2nd was up-to-date
+        assert sorted(p.name for p in dst_log.iterdir()) == before  # nothing of B's mixed in
+    restored = tmp_path / "c"
+    assert ckptfs("restore", dst, restored).returncode == 0
+    with CheckpointStore(str(restored)) as back:
+        again = back.load_run("papers")
+        assert again is not None and back.last_load is not None and back.last_load.version == 5

@@ -291,10 +291,22 @@ class Mirror:
         if not res.ok:
             res.version = previous
             return res
-        # 2. records, in parallel: any subset of a hash chain loads as an earlier version
+        # 2. records, in parallel: any subset of a hash chain loads as an earlier version. Those
+        # the mirror already holds are compared first, and a different file among them stops
+        # the pass before anything is copied: copied beside it, this run's records went in among
+        # another lineage's (a machine lost mid-pass, its run restored and continued elsewhere,
+        # mirrored back), and a later pass called the mixture "up-to-date" while a restore from
+        # it gave back an older version.
         recs = chain.records
-        gather([self.pool.submit(copier.blob, f.key, reader.raw[f.key], f.key in dst_keys)
-                 for f in recs], res, [len(reader.raw[f.key]) for f in recs])
+        held = [f for f in recs if f.key in dst_keys]
+        gather([self.pool.submit(copier.blob, f.key, reader.raw[f.key], True) for f in held], res,
+               [len(reader.raw[f.key]) for f in held])
+        if not res.ok:
+            res.version = previous
+            return res
+        recs = [f for f in recs if f.key not in dst_keys]
+        gather([self.pool.submit(copier.blob, f.key, reader.raw[f.key], False) for f in recs],
+               res, [len(reader.raw[f.key]) for f in recs])
         # 3. the snapshot, last: it moves the loader's starting point, so all it needs is there
         if res.ok and chain.snapshot is not None:
             s = chain.snapshot
