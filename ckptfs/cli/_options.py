@@ -105,13 +105,18 @@ def store_target(args: argparse.Namespace, url: str | None = None) -> Target:
     return Target(settings.store.url, opts, settings.origin_of("store.url"), settings)
 
 
-def open_existing(target: Target) -> Storage:
+def open_existing(target: Target, attempts: int | None = None) -> Storage:
     """The target's Storage, reached once: a store that cannot be reached is exit 2
     ("unreachable"), one that holds nothing (a missing directory, an empty prefix) exit 2
-    ("empty"), each with one line naming the URL and where it came from."""
+    ("empty"), each with one line naming the URL and where it came from. `attempts`: tries per
+    request in all, as the command's `--attempts` (mirror's and restore's look at their
+    source went with the client's own retries, 25 requests to an S3 answering 503)."""
     from ckptfs.storage.registry import open_storage
+    from ckptfs.storage.retry import RetryingStorage
 
     storage = open_storage(target.url, target.options)
+    if attempts is not None:
+        storage = RetryingStorage(storage, attempts=attempts)
     if not holds_anything(storage):
         storage.close()
         raise nothing_stored(target)

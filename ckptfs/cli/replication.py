@@ -189,7 +189,7 @@ def _source(url: str | None, fallback: str | None, origin: str, opts: dict[str, 
     return Target(fallback, opts, origin, settings)
 
 
-def _named_runs(source: Target, runs: list[str] | None) -> dict[str, set[str]] | None:
+def _named_runs(source: Target, runs: list[str] | None, attempts: int) -> dict[str, set[str]] | None:
     """Check SRC holds something, and every run `--run` names: a run it does not hold is bad
     input (exit 2), refused before anything is copied. A mirror pass reports such a run as
     `empty` and succeeds, so a typo in a scheduled mirror would mirror nothing, forever. A
@@ -199,7 +199,7 @@ def _named_runs(source: Target, runs: list[str] | None) -> dict[str, set[str]] |
     from ckptfs.format.models import validate_id
     from ckptfs.replication.plan import run_files
 
-    storage = open_existing(source)
+    storage = open_existing(source, attempts)
     try:
         if runs is None:
             return None
@@ -261,7 +261,7 @@ def _cmd_mirror(args: argparse.Namespace) -> int:
             interval = m.interval_seconds
         elif m.cron:
             cron = m.cron
-    listings = _named_runs(source, args.run)
+    listings = _named_runs(source, args.run, attempts)
     runs = None if listings is None else list(listings)
     src = source.url
     if interval is None and cron is None:
@@ -333,7 +333,8 @@ def _scheduled(args: argparse.Namespace, src: str, dst: str, src_opts: dict[str,
     return EXIT_OK if last_ok[0] else EXIT_PROBLEMS
 
 
-def _check_restorable(source: Target, run: str | None, version: int | None) -> dict[str, set[str]]:
+def _check_restorable(source: Target, run: str | None, version: int | None,
+                      attempts: int) -> dict[str, set[str]]:
     """Check the mirror holds something, the run `--run` names and a file at `--version`:
     asking for what the mirror does not have is bad input (exit 2, naming the versions a
     restore can target, as `ckptfs versions` lists them), refused before DST is touched. A
@@ -349,7 +350,7 @@ def _check_restorable(source: Target, run: str | None, version: int | None) -> d
     from ckptfs.replication.plan import run_files
     from ckptfs.replication.restore import restore_points
 
-    storage = open_existing(source)
+    storage = open_existing(source, attempts)
     try:
         if run is None:
             return {}
@@ -383,15 +384,15 @@ def _cmd_restore(args: argparse.Namespace) -> int:
     refuse_process_memory(dst, target.describe(), "restore")
     if args.version is not None and not args.run:
         raise CliError("--version needs --run: versions are per run")
-    listings = _check_restorable(source, args.run, args.version)
+    attempts = args.attempts or settings.mirror.attempts
+    listings = _check_restorable(source, args.run, args.version, attempts)
     from ckptfs.replication.restore import restore
 
     with _bars(not args.no_progress) as bars:
         report = restore(source.url, dst, run_id=args.run, version=args.version,
                          src_options=src_opts, dst_options=dst_opts,
                          workers=args.workers or settings.mirror.workers,
-                         attempts=args.attempts or settings.mirror.attempts, progress=bars,
-                         listings=listings)
+                         attempts=attempts, progress=bars, listings=listings)
     return _finish(report, args.json)
 
 
