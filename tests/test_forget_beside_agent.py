@@ -6,7 +6,7 @@ step failure, paying for p4 again in the same process. Its later commits each wr
 just the steps they carried: `execute_run` said "completed 10" and a new process loaded a
 completed run of 7 steps (p4-p10), which `find_resumable_runs` did not list and `verify`
 passed. In the library, `commit(run, [s2])` after the run was forgotten was acknowledged as
-v1, and a load gave 1 step of 5.
+v1, and a load gave 1 step of 5: now such a commit writes the whole run, as save_run does.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_an_agent_whose_run_is_forgotten_mid_call_stops_and_pays_once(tmp_path: 
         assert fresh.find_resumable_runs() == []
 
 
-def test_a_commit_of_a_forgotten_run_is_refused_and_creates_nothing(tmp_path: Path) -> None:
+def test_a_commit_of_a_forgotten_run_writes_all_of_it_not_just_its_steps(tmp_path: Path) -> None:
     url = str(tmp_path / "store")
     with CheckpointStore(url) as store:
         run = AgentRun(run_id="r", goal="g")
@@ -67,9 +67,8 @@ def test_a_commit_of_a_forgotten_run_is_refused_and_creates_nothing(tmp_path: Pa
         with pytest.raises(ConflictError):  # its base is gone (BaseRemovedError)
             store.commit(run, [run.steps["s1"]])
         run.steps["s2"].status, run.steps["s2"].result = StepStatus.COMPLETED, "later"
-        with pytest.raises(RunNotFoundError, match="no saved state"):  # was acknowledged as v1
-            store.commit(run, [run.steps["s2"]])
-        assert store.load_run("r") is None  # was a run of s2 alone
-        assert store.save_run(run) == 1  # a full save is how a run is (re-)created: all of it
-        again = store.load_run("r")
-        assert again is not None and sorted(again.steps) == [f"s{i}" for i in range(5)]
+        assert store.commit(run, [run.steps["s2"]]) == 1  # the run, re-created whole
+    with CheckpointStore(url) as fresh:
+        again = fresh.load_run("r")
+        assert again is not None and sorted(again.steps) == [f"s{i}" for i in range(5)]  # was ["s2"]
+        assert again.steps["s1"].result == "late" and again.steps["s2"].result == "later"

@@ -806,12 +806,13 @@ class CheckpointStore:
         """
         with self._lock(run_id):
             head = self._head(run_id)
-            if head.version == 0 and not full:
-                # With a run too: a commit of some steps of a run the store does not hold (never
-                # saved, or forgotten meanwhile: `ckptfs forget` beside a live agent) made a
-                # run of just those steps, acknowledged, and a load returned 1 step of 5.
-                raise RunNotFoundError(f"run {run_id!r} has no saved state (never saved, or "
-                                       "forgotten since this copy was loaded); save_run it first")
+            if run is None and head.version == 0:
+                raise RunNotFoundError(f"run {run_id!r} has no saved state; save_run it first")
+            if run is not None and head.version == 0 and not full:
+                # A run the store does not hold (never saved, or forgotten meanwhile: `ckptfs
+                # forget` beside a live writer): all of it, as save_run writes it. Some of its
+                # steps made a run of just those, acknowledged, and a load gave 1 step of 5.
+                steps, full = run.steps.values(), True
             changes = Changes()
             if run is not None:
                 run_json = self._values.model_json_of(run, run_id, None, exclude={"steps"})
