@@ -113,3 +113,27 @@ def test_a_mirror_holding_another_machines_leftovers_is_a_conflict_on_every_pass
     with CheckpointStore(str(restored)) as back:
         again = back.load_run("papers")
         assert again is not None and back.last_load is not None and back.last_load.version == 5
+
+
+def test_a_mirror_stopped_in_its_artifacts_phase_holds_nothing_to_restore(tmp_path: Path) -> None:
+    """A first pass killed while copying artifacts leaves artifacts only: `restore` of it said
+    "holds no runs", exit 1, where `verify` and `runs` said 0, and a recovery script that
+    re-runs a restore on exit 1 did so forever. Nothing to restore is bad input, exit 2."""
+    src, dst = tmp_path / "src", tmp_path / "mirror"
+    with CheckpointStore(str(src), artifact_threshold=1024) as store:
+        run = AgentRun(run_id="papers", goal="g")
+        run.add_step(Step(id="p0", title="paper 0"))
+        store.save_run(run)
+        step = run.steps["p0"]
+        step.status, step.result = StepStatus.COMPLETED, "x" * 5000  # over the threshold: an artifact
+        store.commit(run, [step])
+    assert ckptfs("mirror", src, dst, "--once").returncode == 0
+    for path in sorted((dst / "runs").rglob("*"), reverse=True):  # as if the records never came
+        path.unlink() if path.is_file() else path.rmdir()
+    (dst / "runs").rmdir()
+    assert any(p.is_file() for p in (dst / "artifacts").rglob("*"))  # what the pass did copy
+    done = ckptfs("restore", dst, tmp_path / "restored", "--json")
+    assert done.returncode == 2, (done.stdout, done.stderr)  # was 1
+    doc = json.loads(done.stdout)
+    assert doc["error"]["code"] == "empty" and "holds no runs to restore" in doc["error"]["message"]
+    assert not (tmp_path / "restored").exists()

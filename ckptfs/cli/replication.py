@@ -347,12 +347,22 @@ def _check_restorable(source: Target, run: str | None, version: int | None,
     from ckptfs.cli._render import version_list
     from ckptfs.format.keys import blocked_run_dirs
     from ckptfs.format.models import validate_id
+    from ckptfs.replication.copy import run_ids
     from ckptfs.replication.plan import run_files
+    from ckptfs.replication.report import LANGGRAPH_ENTRY
     from ckptfs.replication.restore import restore_points
+    from ckptfs.storage.registry import list_keys
 
     storage = open_existing(source, attempts)
     try:
         if run is None:
+            if not run_ids(storage, None) and not list_keys(storage, LANGGRAPH_ENTRY):
+                # Only other files (what a first mirror pass stopped in its artifacts phase
+                # leaves): exit 1 "holds no runs" where verify and runs said 0 and a recovery
+                # script re-ran the restore forever. Nothing to restore is bad input, as an
+                # empty store is.
+                raise CliError(f"{source.describe()} holds no runs to restore (other files only: "
+                               "a first mirror pass that stopped before its records?)", kind="empty")
             return {}
         validate_id(run, "run id")
         files, keys = run_files(storage, run)
