@@ -206,7 +206,8 @@ class CheckpointedAgent:
         if strategy == "context":
             if new_run_id == run_id:
                 raise ValueError(f"resume_run: new_run_id {new_run_id!r} is the run being resumed; "
-                                 "a context restart starts a run of another id (or None, a uuid)")
+                                 "a context restart starts a run of another id (or None: one "
+                                 "derived from this run's)")
             new_run_id = new_run_id if new_run_id is not None else context_run_id(run_id)
             stored = self.store.load_run(new_run_id)
             if stored is not None and stored.metadata.get("resumed_from") == run_id:
@@ -373,9 +374,9 @@ class CheckpointedAgent:
         token = CURRENT_STEP.set((ex.run.run_id, sid))
         try:
             out = executor(step, prior)
-        except (ConflictError, RunNotFoundError):
-            raise  # another writer moved (or forgot) the run: not this step's failure (`_stale`)
         except Exception as exc:
+            if _stale(exc):
+                raise  # another writer moved (or forgot) the run: not this step's failure
             plan = self._after_failure(ex, step, exc, tokens0, cost0, sid)
         else:
             plan = self._after_success(ex, step, out, tokens0, cost0, sid)
@@ -462,9 +463,9 @@ class CheckpointedAgent:
             out: Any = executor(step, prior)
             if inspect.isawaitable(out):
                 out = await out
-        except (ConflictError, RunNotFoundError):
-            raise  # another writer moved (or forgot) the run: not this step's failure (`_stale`)
         except Exception as exc:
+            if _stale(exc):
+                raise  # another writer moved (or forgot) the run: not this step's failure
             plan = self._after_failure(ex, step, exc, tokens0, cost0, sid)
         else:
             plan = self._after_success(ex, step, out, tokens0, cost0, sid)
