@@ -139,7 +139,8 @@ class FaultProxy:
     """A threaded loopback proxy applying `rule` to every request; use it as a context manager.
 
     `counts` says what happened: forwarded, delayed, error, drop-before, drop-after (the last
-    also per method and path in `landed_then_dropped`), cut, rewritten.
+    also per method and path in `landed_then_dropped`), cut, rewritten, client-gone (a request
+    whose body never came whole, not forwarded).
     """
 
     def __init__(self, upstream: str, rule: Rule, *, upstream_timeout: float = 30.0) -> None:
@@ -161,17 +162,32 @@ class FaultProxy:
             def log_message(self, *args: Any) -> None:
                 return None
 
-            def _body(self) -> bytes:
+            def _body(self) -> bytes | None:
+                """The whole request body, or None when the client went before sending it all.
+
+                A body cut short is never forwarded: a real server (moto's own, S3) answers
+                an incomplete body with an error and stores nothing, while forwarding the
+                part that came, re-framed, made moto store a torn object under the client's
+                checksum (a SIGKILLed writer's PUT), which no real store can hold.
+                """
                 if "chunked" in self.headers.get("Transfer-Encoding", ""):
                     out = b""
                     while True:
-                        size = int(self.rfile.readline().split(b";")[0], 16)
+                        line = self.rfile.readline()
+                        if not line.strip():
+                            return None
+                        size = int(line.split(b";")[0], 16)
                         if size == 0:
                             self.rfile.readline()
                             return out
-                        out += self.rfile.read(size)
+                        chunk = self.rfile.read(size)
+                        if len(chunk) < size:
+                            return None
+                        out += chunk
                         self.rfile.readline()
-                return self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                want = int(self.headers.get("Content-Length", 0))
+                body = self.rfile.read(want)
+                return body if len(body) == want else None
 
             def _hang_up(self) -> None:
                 """Close without a reply: the client reads EOF where its response should be."""
@@ -181,6 +197,10 @@ class FaultProxy:
 
             def _handle(self) -> None:
                 body = self._body()
+                if body is None:
+                    proxy._count("client-gone")
+                    self._hang_up()
+                    return
                 with proxy._lock:
                     proxy._n += 1
                     n = proxy._n

@@ -53,8 +53,9 @@ _PERMANENT_CODES = frozenset({
     "PermanentRedirect", "301", "403",
 })
 # FlexibleChecksumError: a response body that does not match the checksum the server sent
-# with it, i.e. bytes damaged or cut in transit (one `prune` in ~17 over moto met an empty body
-# and exited 3, "unexpected"): another GET is the cure.
+# with it, i.e. bytes damaged or cut in transit: another GET is the cure. (A stored object
+# whose body differs from its checksum is not transient, but S3 refuses such a PUT; the torn
+# objects our tests once met were a test proxy forwarding a killed writer's partial body.)
 _TRANSIENT_NAMES = ("Connect", "Timeout", "Endpoint", "ConnectionClosed", "IncompleteRead",
                     "ResponseParser", "ReadTimeout", "ClientPayload", "ServerDisconnected",
                     "FlexibleChecksum")
