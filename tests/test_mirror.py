@@ -12,6 +12,7 @@ import pytest
 from backends.s3.embedded import EmbeddedS3
 from ckptfs import AgentRun, CheckpointStore, CompactionPolicy, Step, StepStatus, ToolCall
 from ckptfs.format.keys import artifact_key, parse_artifact_key, parse_run_key
+from ckptfs.maintenance.verify import verify
 from ckptfs.replication.mirror import mirror
 from ckptfs.replication.restore import restore, restore_points
 from ckptfs.storage.base import Storage
@@ -116,20 +117,74 @@ def test_machine_loss_restore_from_s3_mirror_equals_crash_free_run(
                         for k in arts)
 
 
-def test_copy_order_artifacts_then_records_then_snapshot(tmp_path: Path, memory_url: str) -> None:
+def test_copy_order_artifacts_then_snapshot_then_records_in_chain_order(
+        tmp_path: Path, memory_url: str) -> None:
     src = str(tmp_path / "src")
     work(CheckpointStore(src, policy=POLICY, artifact_threshold=1024), RUN, 24)
     dst = Recording(open_storage(memory_url))
     report = mirror(src, dst, every_n=1)
     assert report.ok and report.copied == len(dst.writes)
+    files = [parse_run_key(k) for k in dst.writes if not parse_artifact_key(k)]
     kinds = ["art" if parse_artifact_key(k) else parse_run_key(k).kind  # type: ignore[union-attr]
              for k in dst.writes]
-    assert kinds[-1] == "snap" and kinds.count("snap") == 1
-    first_record = min(i for i, k in enumerate(kinds) if k != "art")
-    assert "art" in kinds and all(k == "art" for k in kinds[:first_record])
-    assert all(k != "art" for k in kinds[first_record:])
+    first_file = min(i for i, k in enumerate(kinds) if k != "art")
+    assert "art" in kinds and all(k == "art" for k in kinds[:first_file])
+    assert all(k != "art" for k in kinds[first_file:])
+    assert kinds[first_file] == "snap" and kinds.count("snap") == 1
+    versions = [f.version for f in files[1:] if f is not None]
+    assert len(versions) >= 2 and versions == sorted(versions) and versions[0] > files[0].version  # type: ignore[union-attr]
     loaded = CheckpointStore(memory_url).load_run(RUN)
     assert loaded == CheckpointStore(src).load_run(RUN)
+
+
+class Verifying(Recording):
+    """Runs `verify` of the destination after every file written to it (what a nightly verify
+    of the mirror meets when it runs in the middle of a pass)."""
+
+    def __init__(self, inner: Storage) -> None:
+        super().__init__(inner)
+        self.errors: list[tuple[str, list[str]]] = []
+        self.checked = 0
+
+    def put_if_absent(self, key: str, data: bytes) -> str:
+        etag = super().put_if_absent(key, data)
+        if parse_run_key(key) is not None:
+            report = verify(self.inner)
+            self.checked += 1
+            if not report.ok:
+                self.errors.append((key, [f"{f.code}: {f.message}" for f in report.problems]))
+        return etag
+
+
+@pytest.mark.parametrize("where", ["memory", "s3"])
+def test_verify_of_the_mirror_in_the_middle_of_a_pass_finds_nothing(
+        tmp_path: Path, memory_url: str, where: str, request: pytest.FixtureRequest) -> None:
+    """Found by a hostile review (2026-12-07): records were copied in parallel, so a `verify`
+    of the mirror during a healthy pass found a hole ("journal record v.. missing") and exited
+    1, and a pass killed there left it for good. Two passes: the first, and one after the run
+    went on past a new snapshot (which the mirror then takes as its new start)."""
+    src = str(tmp_path / "src")
+    if where == "s3":
+        s3: EmbeddedS3 = request.getfixturevalue("s3")
+        inner = open_storage(request.getfixturevalue("s3_url"), s3.storage_options)
+    else:
+        inner = open_storage(memory_url)
+    dst = Verifying(inner)
+    store = CheckpointStore(src, policy=POLICY, artifact_threshold=1024)
+    work(store, RUN, 40, stop_after=12)
+    first = mirror(src, dst, every_n=1)
+    assert first.ok and first.runs[0].status == "mirrored", first.to_dict()
+    middle = dst.checked
+    snaps_before = {k for k in inner.list("runs/") if (rf := parse_run_key(k)) and rf.kind == "snap"}
+    work(store, RUN, 40, stop_after=6)
+    second = mirror(src, dst, every_n=1)
+    assert second.ok and second.runs[0].status == "mirrored", second.to_dict()
+    snaps_after = {k for k in inner.list("runs/") if (rf := parse_run_key(k)) and rf.kind == "snap"}
+    assert snaps_after - snaps_before, "the run went on past a new snapshot"
+    assert middle >= 5 and dst.checked - middle >= 5, (middle, dst.checked)
+    assert dst.errors == []
+    assert CheckpointStore(storage=inner).load_run(RUN) == store.load_run(RUN)
+    store.close()
 
 
 def test_second_pass_skips_and_every_n_waits(tmp_path: Path, memory_url: str) -> None:
@@ -302,3 +357,24 @@ def test_a_restore_plans_again_when_a_mirror_file_vanishes_while_it_is_read(tmp_
     assert not rep.ok and rep.runs[0].status == "incomplete"
     assert "kept changing" in (rep.runs[0].error or "")
     assert not open_storage(str(tmp_path / "dst2")).list("runs/")  # nothing published
+
+
+def test_runs_go_together_and_an_artifact_they_share_is_sent_once(tmp_path: Path, memory_url: str) -> None:
+    """Runs are mirrored several at once (their records go one at a time, so in turn a store of
+    many runs paid a round trip per record per run); content addressing makes runs share
+    artifacts, and each run holding one uploaded it again. Each is written once, and every
+    run's point loads on the mirror as at the source."""
+    src = str(tmp_path / "src")
+    store = CheckpointStore(src, policy=POLICY, artifact_threshold=1024)
+    runs = [f"run-{i}" for i in range(6)]
+    for run_id in runs:
+        work(store, run_id, 12, stop_after=9)  # the same results: the same artifacts
+    dst = Recording(open_storage(memory_url))
+    report = mirror(src, dst, every_n=1, workers=4)
+    assert report.ok and [r.status for r in report.runs] == ["mirrored"] * 6, report.to_dict()
+    arts = [k for k in dst.writes if parse_artifact_key(k)]
+    assert arts and len(arts) == len(set(arts)), sorted(arts)
+    assert {k for k in store.storage.list("artifacts")} == set(arts)
+    for run_id in runs:
+        assert CheckpointStore(storage=dst.inner).load_run(run_id) == store.load_run(run_id)
+    store.close()

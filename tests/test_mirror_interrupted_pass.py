@@ -1,8 +1,9 @@
 """A mirror pass killed midway leaves a hole; the next pass fills it, due or not.
 
-Records are copied in parallel, so a pass SIGKILLed while one record's PUT was in flight leaves
-the records above it in the mirror and a hole below them: `verify` of the mirror says
-"missing". Found by a hostile review (2026-12-07): every later pass said "not-due, 3 new
+Records were copied in parallel (until 2026-12-07; now in chain order, tests/test_mirror.py),
+so a pass SIGKILLed while one record's PUT was in flight left the records above it in the
+mirror and a hole below them: `verify` of the mirror says "missing". A mirror written then may
+still hold one. Found by a hostile review (2026-12-07): every later pass said "not-due, 3 new
 version(s)", exit 0, and a finished run never became due again, so the mirror stayed red for
 the nightly `verify` for good (only --latest or a smaller --every-n repaired it).
 

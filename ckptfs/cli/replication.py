@@ -476,7 +476,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser("mirror", help="copy restore points of runs to a mirror (e.g. S3)",
                        description="Copy every run's newest restore point from SRC to DST when it "
                                    "advanced --every-n versions (or at all, with --latest): "
-                                   "artifacts, records, snapshot last; reruns converge.")
+                                   "artifacts, then the snapshot, then records in chain order; "
+                                   "reruns converge.")
     p.add_argument("src", nargs="?", metavar="SRC", help="primary store URL (default store.url, $CKPTFS_URL)")
     p.add_argument("dst", nargs="?", metavar="DST",
                    help="mirror URL (default mirror.url, $CKPTFS_MIRROR_URL)")

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import tempfile
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from typing import IO, Any
 
@@ -56,15 +57,33 @@ def verify_etag(etag: str, data: bytes) -> bool | None:
     return None
 
 
+class KeyLocks:
+    """One lock per artifact key, for the runs a pass copies at once: content addressing makes
+    runs share artifacts, and two runs sending the same one each uploaded it (as many times as
+    runs held it); the second now waits and finds it verified."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._keys: dict[str, threading.Lock] = {}
+
+    @contextlib.contextmanager
+    def hold(self, key: str) -> Iterator[None]:
+        with self._lock:
+            lock = self._keys.setdefault(key, threading.Lock())
+        with lock:
+            yield
+
+
 class Copier:
     """Copies immutable objects into a destination: skip same content, verify, never overwrite."""
 
     def __init__(self, dst: Storage, progress: Progress, known: set[str],
-                 absent: frozenset[str] = frozenset()) -> None:
+                 absent: frozenset[str] = frozenset(), keys: KeyLocks | None = None) -> None:
         self.dst = dst
         self.progress = progress
         self.known = known  # artifact keys verified present at dst (kept across passes)
         self.absent = absent  # artifact keys this pass's listing of dst did not show
+        self.keys = keys if keys is not None else KeyLocks()
         self._lock = threading.Lock()
 
     def same(self, key: str, data: bytes) -> bool:
@@ -112,6 +131,10 @@ class Copier:
 
     def artifact(self, src: Storage, ref: ArtifactRef) -> bool:
         """Copy one artifact, its sha256 checked before it is written; True if uploaded."""
+        with self.keys.hold(ref.uri):
+            return self._artifact(src, ref)
+
+    def _artifact(self, src: Storage, ref: ArtifactRef) -> bool:
         key = ref.uri
         if key in self.known:
             self.progress.done(key, ref.size, True)
@@ -281,20 +304,21 @@ def _not_copied(key: str, why: str) -> RunResult:
     return RunResult(key, "skipped", notes=[why])
 
 
-def gather(futs: list[Future[bool]], res: RunResult, sizes: list[int]) -> None:
-    """Wait for a phase; count what it did; collect what failed into res.missing."""
-    conflicts: list[str] = []
-    for fut, size in zip(futs, sizes, strict=True):
-        try:
-            if fut.result():
-                res.copied += 1
-                res.bytes += size
-            else:
-                res.skipped += 1
-        except CopyConflict as exc:
-            conflicts.append(str(exc))
-        except (CopyMissing, StorageUnavailableError, OSError, CorruptFileError) as exc:  # unreadable
-            res.missing.append(str(exc))
+def _settle(res: RunResult, conflicts: list[str], outcome: Callable[[], bool], size: int) -> None:
+    """Count one copy's outcome into res; a conflict or an unreadable/unwritable file is noted."""
+    try:
+        if outcome():
+            res.copied += 1
+            res.bytes += size
+        else:
+            res.skipped += 1
+    except CopyConflict as exc:
+        conflicts.append(str(exc))
+    except (CopyMissing, StorageUnavailableError, OSError, CorruptFileError) as exc:  # unreadable
+        res.missing.append(str(exc))
+
+
+def _conclude(res: RunResult, conflicts: list[str]) -> None:
     if conflicts:
         res.missing.extend(conflicts)
         res.status = "conflict"
@@ -304,3 +328,23 @@ def gather(futs: list[Future[bool]], res: RunResult, sizes: list[int]) -> None:
         res.error = res.missing[0]
 
 
+def gather(futs: list[Future[bool]], res: RunResult, sizes: list[int]) -> None:
+    """Wait for a phase; count what it did; collect what failed into res.missing."""
+    conflicts: list[str] = []
+    for fut, size in zip(futs, sizes, strict=True):
+        _settle(res, conflicts, fut.result, size)
+    _conclude(res, conflicts)
+
+
+def copy_in_order(copier: Copier, files: Iterable[tuple[str, bytes, bool]], res: RunResult) -> None:
+    """Copy checkpoint files (key, bytes, present at the destination) one at a time, in the
+    order given, stopping at the first that fails: a chain copied in load order is, at every
+    moment, a whole earlier point of the run, with no hole a `verify` of the destination could
+    take for a lost record (copied in parallel, one was reported `missing` until the pass
+    ended, and for good when it was killed)."""
+    for key, data, present in files:
+        conflicts: list[str] = []
+        _settle(res, conflicts, functools.partial(copier.blob, key, data, present), len(data))
+        _conclude(res, conflicts)
+        if not res.ok:
+            return

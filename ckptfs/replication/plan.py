@@ -47,7 +47,7 @@ class RestorePoint:
 
     @property
     def files(self) -> list[RunFile]:
-        """Copy order: records in chain order, the snapshot last."""
+        """Every file of the point: the records in chain order, then the start (a snapshot)."""
         return self.path.files
 
 
