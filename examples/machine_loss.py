@@ -91,7 +91,9 @@ def story(workdir: Path, every_n: int = 50) -> bool:
             with contextlib.suppress(RunStoppedError):  # paper 347: the article's 429; machine A
                 agent.execute_run(run, executor)        # is lost right after
             done_on_a = _papers(run)
-            job.shutdown(wait=True)  # a pass already running finishes; nothing new starts
+            # a pass already running finishes; nothing new starts, and no last pass (which a
+            # clean exit makes): machine A is lost right here
+            job.shutdown(wait=True, final=False)
         calls_a = _calls(machine / "calls.txt")
         shutil.rmtree(machine)  # the machine vanishes with its disk
 

@@ -265,3 +265,52 @@ def test_a_jobs_not_due_ticks_read_the_mirrors_newest_file_once(tmp_path: Path) 
             rep = job.tick()
             assert rep is not None and rep.runs[0].status == "not-due", rep
         assert len([k for k in dst.gets if k.startswith(f"runs/{RUN}/")]) == 1, dst.gets
+
+
+@pytest.mark.parametrize("final", [True, False])
+def test_shutdown_mirrors_what_the_agent_committed_since_the_last_multiple_of_n(
+        tmp_path: Path, memory_url: str, final: bool) -> None:
+    """A run that finished 3 versions past a multiple of every_n was left on the mirror at that
+    multiple: after a clean exit, the machine's loss took its last steps with it. `shutdown()`
+    (and leaving the `with` block) now mirrors each notified run at its newest version;
+    `final=False` stops without that pass, as a machine lost at that moment would."""
+    src, store = _source(tmp_path, steps=1)
+    reports: list[Any] = []
+    job = MirrorJob(src, memory_url, every_n=5, on_report=reports.append).start()
+    trigger = job.step_trigger()
+    versions = []
+    for _ in range(8):  # the agent commits and calls the hook after each commit
+        run = work(store, RUN, 40, stop_after=1)
+        versions.append(store.list_versions(RUN)[-1])
+        trigger(run.run_id, versions[-1])
+    deadline = time.monotonic() + 20
+    while not reports and time.monotonic() < deadline:  # the pass the crossing scheduled
+        time.sleep(0.01)
+    assert reports, "no pass at the crossing"
+    time.sleep(0.2)
+    job.shutdown(wait=True, final=final)
+    newest = store.list_versions(RUN)[-1]
+    mirrored = CheckpointStore(memory_url)
+    got = mirrored.load_run(RUN)
+    assert got is not None and mirrored.last_load is not None
+    if final:
+        assert mirrored.last_load.version == newest and got == store.load_run(RUN)
+        assert reports[-1].runs[0].status == "mirrored" and reports[-1].runs[0].version == newest
+    else:
+        assert mirrored.last_load.version < newest, (mirrored.last_load.version, versions)
+    store.close()
+
+
+def test_leaving_the_with_block_after_the_agent_failed_mirrors_its_last_state(
+        tmp_path: Path, memory_url: str) -> None:
+    """The state an agent crashed in is the one a restore elsewhere needs."""
+    src, store = _source(tmp_path, steps=1)
+    with pytest.raises(RuntimeError, match="rate limited"), \
+            MirrorJob(src, memory_url, every_n=100) as job:
+        for _ in range(3):
+            run = work(store, RUN, 40, stop_after=1)
+            job.notify(run.run_id, store.list_versions(RUN)[-1])
+        raise RuntimeError("rate limited")
+    mirrored = CheckpointStore(memory_url)
+    assert mirrored.load_run(RUN) == store.load_run(RUN)
+    store.close()
