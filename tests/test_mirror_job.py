@@ -233,7 +233,9 @@ def test_a_scheduled_mirror_whose_passes_fail_exits_1_and_says_so(
             out, errs = proc.communicate(timeout=60)
             watchdog.cancel()
     assert first["ok"] is True, first
-    assert failed["ok"] is False and "mirror pass failed" in failed["error"], failed
+    assert failed["ok"] is False and failed["command"] == "mirror", failed
+    assert failed["error"]["code"] == "unreachable", failed  # the documented error object
+    assert "mirror pass failed" in failed["error"]["message"], failed
     assert s3.storage_options["secret"] not in out + errs
     assert proc.returncode == 1, errs[-2000:]
 

@@ -293,35 +293,44 @@ def run_command(args: argparse.Namespace) -> int:
         return handler(args)
     except CliError as exc:
         return fail(exc.kind, str(exc), exc.code, exc.extra)
-    except (VersionNotFoundError, RunNotFoundError) as exc:
-        return fail("not-found", str(exc))
-    except StoreNotWritableError as exc:  # reachable, but this user or mount cannot write there
-        return fail("not-writable", str(exc))
-    except StorageUnavailableError as exc:
-        return fail("unreachable", str(exc))
-    except ConfigError as exc:
-        return fail("config", str(exc))
-    except InvalidIdError as exc:
-        return fail("usage", str(exc))
-    except (CheckpointCorruptError, CorruptFileError) as exc:
-        return fail("corrupt", str(exc))
-    except ConflictError as exc:
-        return fail("conflict", str(exc))
-    except CkptfsError as exc:
-        return fail("usage", str(exc))
     except KeyboardInterrupt:
         return fail("interrupted", "interrupted")
     except BrokenPipeError:  # the reader went away: `entry` exits quietly, not "internal"
         raise
-    except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the machine's state, not a bug
-            logger.debug("no space", exc_info=True)
-            return fail("no-space", f"{exc.strerror}: the filesystem being written is full (or a quota "
-                                    "is reached); what was acknowledged before is kept: free space "
-                                    "and run the command again")
-        return _internal(exc)
     except Exception as exc:
-        return _internal(exc)
+        kind = error_kind(exc)
+        if kind == "internal":
+            return _internal(exc)
+        if kind == "no-space":  # the machine's state, not a bug
+            logger.debug("no space", exc_info=True)
+            return fail("no-space", f"{getattr(exc, 'strerror', None) or exc}: the filesystem being "
+                                    "written is full (or a quota is reached); what was acknowledged "
+                                    "before is kept: free space and run the command again")
+        return fail(kind, str(exc))
+
+
+def error_kind(exc: BaseException) -> str:
+    """The documented error code (module docstring) of a library exception: the one mapping,
+    used for a command's error and for each failed pass of a scheduled mirror alike."""
+    if isinstance(exc, VersionNotFoundError | RunNotFoundError):
+        return "not-found"
+    if isinstance(exc, StoreNotWritableError):  # reachable, but this user or mount cannot write
+        return "not-writable"
+    if isinstance(exc, StorageUnavailableError):
+        return "unreachable"
+    if isinstance(exc, ConfigError):
+        return "config"
+    if isinstance(exc, InvalidIdError):
+        return "usage"
+    if isinstance(exc, CheckpointCorruptError | CorruptFileError):
+        return "corrupt"
+    if isinstance(exc, ConflictError):
+        return "conflict"
+    if isinstance(exc, CkptfsError):
+        return "usage"
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "no-space"
+    return "internal"
 
 
 def _internal(exc: Exception) -> int:

@@ -35,6 +35,7 @@ from ckptfs.cli._common import (
     bad_value,
     emit_json,
     err,
+    error_kind,
     grace_seconds,
     out,
     run_not_found,
@@ -298,8 +299,9 @@ def _scheduled(args: argparse.Namespace, src: str, dst: str, src_opts: dict[str,
     def on_error(exc: Exception) -> None:
         last_ok[0] = False
         message = " ".join(SCRUBBER.scrub(f"mirror pass failed: {type(exc).__name__}: {exc}").split())
-        if args.json:
-            print(json.dumps({"operation": "mirror", "ok": False, "error": message}), flush=True)
+        if args.json:  # the documented error object, one line per failed pass; the job goes on
+            print(json.dumps({"operation": "mirror", "command": "mirror", "ok": False,
+                              "error": {"code": error_kind(exc), "message": message}}), flush=True)
         else:
             from rich.text import Text
 
