@@ -21,6 +21,7 @@ import pytest
 from ckptfs import AgentRun, CheckpointedAgent, CheckpointStore, Step, StepResult, StepStatus
 from ckptfs.errors import ConflictError, RunNotFoundError
 from ckptfs.maintenance.forget import forget
+from ckptfs.store.group_commit import GroupPart
 
 CLI = str(Path(sys.executable).parent / "ckptfs")
 
@@ -72,3 +73,30 @@ def test_a_commit_of_a_forgotten_run_writes_all_of_it_not_just_its_steps(tmp_pat
         again = fresh.load_run("r")
         assert again is not None and sorted(again.steps) == [f"s{i}" for i in range(5)]  # was ["s2"]
         assert again.steps["s1"].result == "late" and again.steps["s2"].result == "later"
+
+
+def test_a_grouped_commit_of_a_forgotten_run_writes_all_of_it_as_a_commit_does(tmp_path: Path) -> None:
+    """The group-commit path (`commit_many`, what `aexecute_run` writes through) has the same
+    answer as `commit`: a part carrying the run, of a run the store does not hold, writes the
+    whole run. It wrote a run of just that part's steps (1 of 5), acknowledged."""
+    url = str(tmp_path / "store")
+    with CheckpointStore(url) as store:
+        run = AgentRun(run_id="r", goal="g")
+        for i in range(5):
+            run.add_step(Step(id=f"s{i}", title=f"s{i}"))
+        store.save_run(run)
+        with CheckpointStore(url) as other:
+            assert forget(other.storage, "r").deleted
+        run.steps["s1"].status, run.steps["s1"].result = StepStatus.COMPLETED, "late"
+        with pytest.raises(ConflictError):  # its base is gone, as for commit
+            store.commit(run, [run.steps["s1"]])
+        run.steps["s2"].status, run.steps["s2"].result = StepStatus.COMPLETED, "later"
+        run.steps["s3"].status, run.steps["s3"].result = StepStatus.COMPLETED, "latest"
+        parts = [GroupPart("r", run=run, steps=[run.steps["s2"]]),
+                 GroupPart("r", run=run, steps=[run.steps["s3"]])]
+        store.commit_many(parts)
+        assert [p.future.result(timeout=10) for p in parts] == [1, 1]  # one record, the run whole
+    with CheckpointStore(url) as fresh:
+        again = fresh.load_run("r")
+        assert again is not None and sorted(again.steps) == [f"s{i}" for i in range(5)]  # was s2, s3
+        assert [again.steps[f"s{i}"].result for i in (1, 2, 3)] == ["late", "later", "latest"]

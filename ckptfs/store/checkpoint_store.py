@@ -635,6 +635,10 @@ class CheckpointStore:
             # A part with the run has its steps checked against their keys as `commit` does:
             # `run.steps["x"] = Step(id="y")` would be acknowledged as "x" and stored as "y".
             steps = p.steps if p.run is None else self._values.require_all_given(p.run, p.steps)
+            if p.run is not None and not saved:
+                # a run the store does not hold (forgotten beside the executor): all of it, as
+                # `commit` writes it; a run of just this part's steps was acknowledged
+                steps = list(p.run.steps.values())
             changed = self._step_changes(head, steps, part_changes, part_undo, part_pending)
             for sid, call in p.tool_calls:
                 validate_id(sid, "step id")
