@@ -78,8 +78,10 @@ class Copier:
     """Copies immutable objects into a destination: skip same content, verify, never overwrite."""
 
     def __init__(self, dst: Storage, progress: Progress, known: set[str],
-                 absent: frozenset[str] = frozenset(), keys: KeyLocks | None = None) -> None:
+                 absent: frozenset[str] = frozenset(), keys: KeyLocks | None = None,
+                 stop: threading.Event | None = None) -> None:
         self.dst = dst
+        self.stop = stop  # set: the pass was interrupted; nothing more is begun
         self.progress = progress
         self.known = known  # artifact keys verified present at dst (kept across passes)
         self.absent = absent  # artifact keys this pass's listing of dst did not show
@@ -110,8 +112,13 @@ class Copier:
         if not ok:
             raise CopyMissing(f"{key}: upload did not verify (stored object differs from what was sent)")
 
+    def _stopping(self, key: str) -> None:
+        if self.stop is not None and self.stop.is_set():
+            raise CopyMissing(f"{key}: not copied: the pass was interrupted")
+
     def blob(self, key: str, data: bytes, present: bool) -> bool:
         """Copy one checkpoint file; True if uploaded, False if it was already there."""
+        self._stopping(key)
         if present:
             if self.same(key, data):
                 self.progress.done(key, len(data), True)
@@ -131,6 +138,7 @@ class Copier:
 
     def artifact(self, src: Storage, ref: ArtifactRef) -> bool:
         """Copy one artifact, its sha256 checked before it is written; True if uploaded."""
+        self._stopping(ref.uri)
         with self.keys.hold(ref.uri):
             return self._artifact(src, ref)
 

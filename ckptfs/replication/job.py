@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ckptfs.errors import ConfigError, cut_long_words, quote_value
+from ckptfs.format.models import validate_id
 from ckptfs.format.units import (
     FOREIGN_DIGITS,
     MAX_SCHEDULE_SECONDS,
@@ -25,6 +26,8 @@ from ckptfs.replication.report import MirrorReport, NoProgress
 from ckptfs.store.compactor import DEFAULT_SUPERSEDED_GRACE
 
 logger = logging.getLogger(__name__)
+
+FINAL_ATTEMPTS = 2  # tries per request of the last pass at shutdown
 
 
 
@@ -205,7 +208,10 @@ class MirrorJob:
     def shutdown(self, wait: bool = True, *, final: bool = True) -> None:
         """Stop scheduling; with `wait`, let a running pass finish (it is never torn anyway),
         then, with `final` too, mirror in one last pass, here, each run it was notified of at
-        its newest version. `final=False` stops without it."""
+        its newest version. That pass makes at most FINAL_ATTEMPTS tries per request (a hung
+        endpoint held an exit for two minutes), and none at all when the job's last pass
+        failed or left a run incomplete (an end not answering). A job never started makes
+        none. `final=False` stops without it."""
         self._closing = True
         self._wake.set()
         started = self._worker is not None
@@ -219,9 +225,16 @@ class MirrorJob:
         if started and wait and final:
             with self._state:
                 notified = sorted(self._notified)
-            if notified:
+            failing = self.last_error is not None or (
+                self.last_report is not None
+                and any(r.status == "incomplete" for r in self.last_report.runs))
+            if notified and failing:
+                logger.warning("mirror job stopping without a last pass: the last pass %s",
+                               f"failed ({type(self.last_error).__name__})"
+                               if self.last_error is not None else "left runs incomplete")
+            elif notified:
                 logger.info("mirror job stopping: a last pass for %d run(s)", len(notified))
-                with self._pass_lock:
+                with self._pass_lock, self._m.few_attempts(FINAL_ATTEMPTS):
                     self._one_pass(False, notified)
         self._m.close()
 
@@ -252,7 +265,9 @@ class MirrorJob:
         return self._drain()
 
     def notify(self, run_id: str, version: int) -> bool:
-        """Tell the job a run committed `version`; True if that crossed a multiple of every_n."""
+        """Tell the job a run committed `version`; True if that crossed a multiple of every_n.
+        A run id that is no valid id raises InvalidIdError here."""
+        validate_id(run_id, "run id")  # here, not in a pass: one bad id failed every pass after
         if not self._mirrors(run_id):
             return False
         with self._state:
@@ -275,6 +290,7 @@ class MirrorJob:
         lock = threading.Lock()
 
         def trigger(run_id: str, version: int) -> bool:
+            validate_id(run_id, "run id")
             if not self._mirrors(run_id):
                 return False
             with self._state:
@@ -358,7 +374,8 @@ class MirrorJob:
         except Exception as exc:
             self.errors += 1
             self.last_error = exc
-            logger.exception("mirror pass failed; the next tick tries again")
+            logger.exception("mirror pass failed; %s", "not tried again: the job is stopping"
+                             if self._closing else "the next tick tries again")
             if self.on_error is not None:
                 self.on_error(exc)
             return None
