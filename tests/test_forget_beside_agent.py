@@ -55,18 +55,25 @@ def test_an_agent_whose_run_is_forgotten_mid_call_stops_and_pays_once(tmp_path: 
         assert fresh.find_resumable_runs() == []
 
 
+def _forgotten_beside(store: CheckpointStore, url: str) -> AgentRun:
+    """A run of 5 steps saved through `store`, then forgotten by another process's store; the
+    next commit of s1 (completed "late") meets its base gone (BaseRemovedError, a conflict)."""
+    run = AgentRun(run_id="r", goal="g")
+    for i in range(5):
+        run.add_step(Step(id=f"s{i}", title=f"s{i}"))
+    store.save_run(run)
+    with CheckpointStore(url) as other:
+        assert forget(other.storage, "r").deleted
+    run.steps["s1"].status, run.steps["s1"].result = StepStatus.COMPLETED, "late"
+    with pytest.raises(ConflictError):
+        store.commit(run, [run.steps["s1"]])
+    return run
+
+
 def test_a_commit_of_a_forgotten_run_writes_all_of_it_not_just_its_steps(tmp_path: Path) -> None:
     url = str(tmp_path / "store")
     with CheckpointStore(url) as store:
-        run = AgentRun(run_id="r", goal="g")
-        for i in range(5):
-            run.add_step(Step(id=f"s{i}", title=f"s{i}"))
-        store.save_run(run)
-        with CheckpointStore(url) as other:
-            assert forget(other.storage, "r").deleted
-        run.steps["s1"].status, run.steps["s1"].result = StepStatus.COMPLETED, "late"
-        with pytest.raises(ConflictError):  # its base is gone (BaseRemovedError)
-            store.commit(run, [run.steps["s1"]])
+        run = _forgotten_beside(store, url)
         run.steps["s2"].status, run.steps["s2"].result = StepStatus.COMPLETED, "later"
         assert store.commit(run, [run.steps["s2"]]) == 1  # the run, re-created whole
     with CheckpointStore(url) as fresh:
@@ -78,18 +85,10 @@ def test_a_commit_of_a_forgotten_run_writes_all_of_it_not_just_its_steps(tmp_pat
 def test_a_grouped_commit_of_a_forgotten_run_writes_all_of_it_as_a_commit_does(tmp_path: Path) -> None:
     """The group-commit path (`commit_many`, what `aexecute_run` writes through) has the same
     answer as `commit`: a part carrying the run, of a run the store does not hold, writes the
-    whole run. It wrote a run of just that part's steps (1 of 5), acknowledged."""
+    whole run. It wrote a run of just the parts' steps (2 of 5), acknowledged."""
     url = str(tmp_path / "store")
     with CheckpointStore(url) as store:
-        run = AgentRun(run_id="r", goal="g")
-        for i in range(5):
-            run.add_step(Step(id=f"s{i}", title=f"s{i}"))
-        store.save_run(run)
-        with CheckpointStore(url) as other:
-            assert forget(other.storage, "r").deleted
-        run.steps["s1"].status, run.steps["s1"].result = StepStatus.COMPLETED, "late"
-        with pytest.raises(ConflictError):  # its base is gone, as for commit
-            store.commit(run, [run.steps["s1"]])
+        run = _forgotten_beside(store, url)
         run.steps["s2"].status, run.steps["s2"].result = StepStatus.COMPLETED, "later"
         run.steps["s3"].status, run.steps["s3"].result = StepStatus.COMPLETED, "latest"
         parts = [GroupPart("r", run=run, steps=[run.steps["s2"]]),

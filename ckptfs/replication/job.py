@@ -208,8 +208,9 @@ class MirrorJob:
     def shutdown(self, wait: bool = True, *, final: bool = True) -> None:
         """Stop scheduling; with `wait`, let a running pass finish (it is never torn anyway),
         then, with `final` too, mirror in one last pass, here, each run it was notified of at
-        its newest version. That pass makes at most FINAL_ATTEMPTS tries per request (a hung
-        endpoint held an exit for two minutes; now about 40 s), whatever the passes before it
+        its newest version. That pass makes at most FINAL_ATTEMPTS tries per request (an
+        endpoint holding each request 10 s, then dropping it, held an exit 124 s; now 40 s),
+        whatever the passes before it
         met: skipped after one that failed, a run was left with nothing on a mirror that had
         come back. A job never started makes none. `final=False` stops without it."""
         self._closing = True
