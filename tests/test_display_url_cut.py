@@ -137,7 +137,7 @@ SUCCESS = [
     (["versions", "r"], 0),
     (["verify"], 1),  # the stray is a warning: the findings table's title
     (["prune", "--keep-last", "1", "--dry-run"], 1),  # the stray is a problem: skipped
-    (["forget", "r", "--dry-run"], 0),
+    (["forget", "r", "--dry-run", "--force"], 0),  # --force: on S3, r was just written
 ]
 # (argv after the URL, exit code, error code)
 ERRORS = [

@@ -10,7 +10,8 @@ gets a document:
 Codes (exit code): usage (2), config (2), not-found (2), empty (2: nothing is stored at the URL),
 unreachable (2: the store cannot be reached), not-writable (2: a read-only directory or mount),
 no-space (2: a full disk), corrupt (1), conflict (1), lease-held (1: forget
-refused a run a worker holds), interrupted (130), internal (3: a bug; -vv logs the traceback).
+refused a run a worker holds), in-use (1: forget refused a run an S3 store says was written
+to within the fence time), interrupted (130), internal (3: a bug; -vv logs the traceback).
 A reader that stops reading (`ckptfs runs | head -1`) ends the command quietly with 141, what a
 shell reports for a program SIGPIPE stopped (`reader_gone`).
 """
@@ -64,7 +65,7 @@ MIN_COLUMNS = 20  # a narrower width is no terminal a table is read in (COLUMNS=
 ERROR_EXIT = {"usage": EXIT_USAGE, "config": EXIT_USAGE, "not-found": EXIT_USAGE, "empty": EXIT_USAGE,
               "unreachable": EXIT_USAGE, "not-writable": EXIT_USAGE, "no-space": EXIT_USAGE,
               "corrupt": EXIT_PROBLEMS, "conflict": EXIT_PROBLEMS, "lease-held": EXIT_PROBLEMS,
-              "interrupted": EXIT_INTERRUPTED, "internal": EXIT_INTERNAL}
+              "in-use": EXIT_PROBLEMS, "interrupted": EXIT_INTERRUPTED, "internal": EXIT_INTERNAL}
 
 
 class Output:

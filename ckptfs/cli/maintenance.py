@@ -1,13 +1,14 @@
 """`ckptfs` maintenance subcommands: verify, prune, forget.
 
-Exit codes: 0 clean / done; 1 problems found (verify: any error or warning, leftovers
-included; info does not count; prune: a run or an artifact it could not delete, or could not
-read; forget: refused because a worker holds the run, or a delete refused after some files
-went); 2 usage error, a store that is read-only as a whole (prune: every run failed and nothing
-was removed; forget: before its first delete, nothing deleted), unknown run, nothing stored at
-the URL, or a store that cannot be reached (the message names the URL with credentials
-redacted). The store comes from the URL argument, else `--config`
-(store.url), else $CKPTFS_URL. Library modules are imported by the handlers, not here.
+Exit codes: 0 clean / done; 1 problems found (verify: any error or warning, leftovers included;
+info does not count; prune: a run or an artifact it could not delete, or could not read; forget:
+refused because a worker holds the run or, on S3, it was written within the fence time; a delete
+refused after some files went; a file written during the forget); 2 usage error, a store that is
+read-only as a whole (prune: every run failed and nothing was removed; forget: before its first
+delete, nothing deleted), unknown run, nothing stored at the URL, or a store that cannot be
+reached (the message names the URL with credentials redacted). The store comes from the URL
+argument, else `--config` (store.url), else $CKPTFS_URL. Library modules are imported by the
+handlers, not here.
 """
 
 from __future__ import annotations
@@ -74,12 +75,15 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("forget", help="delete a run's files (refused while a worker holds it)",
                        description="Delete every file of one run, newest version first. Refused while "
-                                   "a step of the run has a live lease (a worker is on it) unless "
-                                   "--force. Artifacts stay for `prune` to collect once unreferenced.")
+                                   "a step of the run has a live lease (a worker is on it) and, on S3, "
+                                   "while the run was written to in the last 10 minutes (an agent may "
+                                   "still be writing it), unless --force. Artifacts stay for `prune` to "
+                                   "collect once unreferenced.")
     add_store_args(p)
     p.add_argument("run_id", metavar="RUN_ID")
     p.add_argument("--dry-run", action="store_true", help="say what would be deleted; delete nothing")
-    p.add_argument("--force", action="store_true", help="forget it even if a worker holds a lease on it")
+    p.add_argument("--force", action="store_true",
+                   help="forget it even if a worker holds a lease on it or it was just written")
     add_json_arg(p)
     p.set_defaults(handler=cmd_forget)
 
@@ -222,19 +226,27 @@ def cmd_prune(args: argparse.Namespace) -> int:
 def cmd_forget(args: argparse.Namespace) -> int:
     from ckptfs.cli._render import Col, print_table
     from ckptfs.format.models import validate_id
-    from ckptfs.maintenance.forget import LEASE_GRACE, forget
+    from ckptfs.maintenance.forget import FENCE_SECONDS, LEASE_GRACE, forget
 
     validate_id(args.run_id, "run id")
     storage = open_existing(store_target(args))
     report = forget(storage, args.run_id, dry_run=args.dry_run, force=args.force)
     if not report.found:
         raise run_not_found(args.run_id, storage.display_name)
-    if report.refused:
+    if report.refused and report.live_leases:
         held = ", ".join(f"{lease.step_id} by {lease.holder} ({lease.written_s_ago:.0f}s ago)"
                          for lease in report.live_leases[:3])
         raise CliError(f"run {args.run_id!r} is in use: {len(report.live_leases)} live lease(s): {held}; "
                        f"stop its workers first, or give --force (a lease counts as live until "
                        f"{LEASE_GRACE:.0f}s past its ttl)", kind="lease-held", extra=report.to_dict())
+    if report.refused:  # what else refuses: a write within the fence time
+        key, ago = report.recent_write or ("?", None)
+        when = "dated ahead of the store's clock" if ago is None else f"written {ago:.0f}s ago"
+        raise CliError(f"run {args.run_id!r} may still be written to: its newest file {key} was {when}, "
+                       f"within the {FENCE_SECONDS:.0f}s an S3 writer commits without looking at "
+                       "earlier versions (its next commits would be acknowledged on a run no load "
+                       "can read); stop the agent first, or give --force", kind="in-use",
+                       extra=report.to_dict())
     if args.json:
         emit_json(report.to_dict())
         return EXIT_OK if report.ok else EXIT_PROBLEMS

@@ -6,6 +6,19 @@ has; expiry proper is observed, not computed, see store/leases.py) is live, and 
 needed to go on. A lease that has gone silent for longer is reported as stale and does not stop
 the forget: its holder would be fenced off anyway.
 
+On a store that fences with its journal keys (S3, `store/retention.py`), a run written to
+less than `fence_seconds` ago (by the store's clock) is refused too, `force=True` again to go
+on. There a writer that committed or loaded within half of that commits with one conditional
+PUT of its next key and no look at its base, so a forget under it left its next commits
+acknowledged on a run no load could read (measured: v4 and v5 acknowledged, then
+CheckpointCorruptError). A writer that loaded an older run checks its base on its first
+commit (`CheckpointStore`: a load dates the head by its newest record), and forget deletes
+the newest version first, so such a writer meets the missing base and stops. What a writer
+still lands in the instant between the listing and those first deletes is found by a second
+listing at the end and reported as an error: the run is then neither kept nor gone, and the
+writer must be stopped before forgetting again. Local disk needs none of this: every commit
+there checks its base.
+
 Only what is ckptfs's goes (as `format/keys.py` `classify` reads the listing): the run's
 journal records, deltas and snapshots, its leases, and ckptfs's own temp files. A file under
 the run's prefix whose name does not parse (a user's notes, a filer's `.snapshot`) is not ours
@@ -29,16 +42,22 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ckptfs.errors import StoreNotWritableError
-from ckptfs.format.keys import StoreListing, classify, run_prefix
+from ckptfs.format.keys import StoreListing, classify, parse_run_key, run_prefix
 from ckptfs.format.models import validate_id
+from ckptfs.format.units import seconds_value
 from ckptfs.storage.base import Storage
 from ckptfs.storage.local import LocalStorage
 from ckptfs.storage.retry import RetryingStorage
+from ckptfs.store.compactor import CompactionPolicy
 from ckptfs.store.leases import read_leases
+from ckptfs.store.retention import keeps_fences, store_age
 
 logger = logging.getLogger(__name__)
 
 LEASE_GRACE = 60.0  # seconds beyond a lease's ttl that it still counts as live (clock skew, pauses)
+# How recent a write refuses the forget on a fencing store: the writers' own default, so that
+# every writer that may commit without checking its base (within half of it) is covered.
+FENCE_SECONDS = CompactionPolicy.fence_seconds
 
 
 @dataclass
@@ -67,6 +86,9 @@ class ForgetReport:
     kept: list[tuple[str, str]] = field(default_factory=list)  # (key, why): not ckptfs's
     leases: list[LeaseState] = field(default_factory=list)
     unread_leases: list[str] = field(default_factory=list)  # "key: why", see _leases
+    # The run's newest file, when a fencing store says it was written within fence_seconds:
+    # (key, seconds ago; None when dated ahead of the store's clock past any trust).
+    recent_write: tuple[str, float | None] | None = None
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -83,7 +105,10 @@ class ForgetReport:
                 "files": len(self.deleted), "deleted": self.deleted,
                 "kept": [{"key": k, "why": why} for k, why in self.kept],
                 "leases": [asdict(lease) for lease in self.leases],
-                "unread_leases": self.unread_leases, "errors": self.errors}
+                "unread_leases": self.unread_leases,
+                "recent_write": None if self.recent_write is None else {
+                    "key": self.recent_write[0], "written_s_ago": self.recent_write[1]},
+                "errors": self.errors}
 
 
 def _leases(storage: Storage, run_id: str, now: float) -> tuple[list[LeaseState], list[str]]:
@@ -114,8 +139,37 @@ def _order(listing: StoreListing) -> list[str]:
     return [f.key for f in files] + sorted(listing.leases) + sorted(listing.temp)
 
 
-def forget(storage: Storage, run_id: str, *, dry_run: bool = False, force: bool = False) -> ForgetReport:
-    """Delete every file of `run_id` (see the module docstring for the order and the refusal).
+def _recent_write(storage: Storage, listing: StoreListing, fence_seconds: float
+                  ) -> tuple[str, float | None] | None:
+    """The run's newest file and its age, if written less than `fence_seconds` ago by the
+    store's clock (`store_age`; a time further ahead than that is no age to trust: recent)."""
+    files = [rf for found in listing.runs.values() for rf in found]
+    if not files:
+        return None
+    rank = {"log": 0, "delta": 1, "snap": 2}  # a commit writes the journal record first
+    newest = min(files, key=lambda f: (-f.version, rank[f.kind])).key
+    try:
+        age = store_age(storage, newest, fence_seconds)
+    except FileNotFoundError:
+        return (newest, 0.0)  # replaced or removed this instant: someone is at work on the run
+    if age is None or age < fence_seconds:
+        return (newest, None if age is None else round(age, 1))
+    return None
+
+
+def _appeared(storage: Storage, prefix: str, listed: list[str]) -> list[str]:
+    """Run files a second listing finds that the first did not: written during the forget."""
+    before = set(listed)
+    try:
+        now = storage.list(prefix)
+    except FileNotFoundError:
+        return []
+    return sorted(key for key in now if key not in before and parse_run_key(key) is not None)
+
+
+def forget(storage: Storage, run_id: str, *, dry_run: bool = False, force: bool = False,
+           fence_seconds: float = FENCE_SECONDS) -> ForgetReport:
+    """Delete every file of `run_id` (see the module docstring for the order and the refusals).
 
     A store this user cannot delete from raises StoreNotWritableError with nothing deleted:
     `check_writable` before the first delete (a read-only mount or directory), else the first
@@ -123,6 +177,7 @@ def forget(storage: Storage, run_id: str, *, dry_run: bool = False, force: bool 
     exit 2, as `restore` and `mirror` into such a store do; it was a report of one error per
     file, exit 1. A refusal after some files went stops there (see the loop)."""
     validate_id(run_id, "run id")
+    fence_seconds = seconds_value("forget", "fence_seconds", fence_seconds)
     report = ForgetReport(storage.display_url, run_id, dry_run)
     prefix = run_prefix(run_id)
     keys = storage.list(prefix)
@@ -135,7 +190,9 @@ def forget(storage: Storage, run_id: str, *, dry_run: bool = False, force: bool 
     report.leases, report.unread_leases = _leases(storage, run_id, time.time())
     for why in report.unread_leases:
         logger.warning("forget %s: lease not read, so it is no worker's claim: %s", run_id, why)
-    if report.live_leases and not force:
+    if keeps_fences(storage) and not force:
+        report.recent_write = _recent_write(storage, listing, fence_seconds)
+    if (report.live_leases or report.recent_write is not None) and not force:
         report.refused = True
         return report
     ordered = _order(listing)
@@ -161,6 +218,10 @@ def forget(storage: Storage, run_id: str, *, dry_run: bool = False, force: bool 
             logger.warning("forget %s: cannot delete %s: %s", run_id, key, exc)
             continue
         report.deleted.append(key)
+    for key in _appeared(storage, prefix, keys):
+        report.errors.append(f"{key}: written during the forget, so a writer is still at work on "
+                             "the run: stop it, then forget the run again")
+        logger.warning("forget %s: %s appeared during the forget", run_id, key)
     if not report.errors:
         _remove_empty_dirs(storage, prefix)
     logger.info("forget %s: %d file(s) of %d version(s) deleted", run_id, len(report.deleted),

@@ -955,6 +955,14 @@ class CheckpointStore:
         run, tool_log, state, info = got.run, got.tool_log, got.state, got.info
         run_id, version, hash_ = run.run_id, info.version, got.hash
         head = Head(run_id=run_id, version=version, hash=hash_, next_version=info.max_version_seen + 1)
+        # Dated by when its newest record was written, not by this load: a writer resuming a
+        # run idle for longer than half the fence time checks its base on its first commit.
+        # Without that, a forget of the idle run beside the resume (it refuses only runs
+        # written recently, maintenance/forget.py) left that commit acknowledged on a run no
+        # load could read. One request more, once per load of an idle run.
+        idle = max(0.0, time.time() - info.written_at)
+        if idle:
+            head.confirmed_at = (time.monotonic() - idle, time.time() - idle)
         head.run_json = run.model_dump_json(exclude={"steps"}).encode()
         head.run_info = {"goal": run.goal[:200], "status": run.status, "updated_at": run.updated_at}
         replica = Changes(run=codec.dumps(state["run"]))

@@ -45,9 +45,10 @@ class Head:
     status: dict[str, str] = field(default_factory=dict)
     tool_log: dict[str, list[ToolCall]] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=lambda: {"total": 0, "completed": 0, "failed": 0})
-    # When this writer last knew its base was stored: its own commit's start, or the head's
-    # creation right after a load, which listed the run a load's length before (negligible
-    # beside the minutes a remote store keeps its fences, store/retention.py). Both clocks:
+    # When this writer last knew its base was stored: its own commit's start, or, after a
+    # load, when the loaded version was written (CheckpointStore._seed_head: a load proves the
+    # base is there now, but a forget of an idle run may be under way beside it; forget refuses
+    # only runs written within the fence time, maintenance/forget.py). Both clocks:
     # the monotonic one stops while the machine is suspended, the wall clock can be set back;
     # `unconfirmed_for` takes the longer, so neither can make an old head look fresh.
     confirmed_at: tuple[float, float] = field(default_factory=lambda: (time.monotonic(), time.time()))

@@ -73,6 +73,9 @@ class LoadInfo:
     snapshot_bytes: int
     skipped: list[str]
     max_version_seen: int
+    # When the loaded version was written, by its writer's clock (its record's header): how
+    # long ago the run's newest state is known to have been there (CheckpointStore._seed_head).
+    written_at: float = 0.0
     # Seconds by phase, for benchmarks/load_scale.py: fetch and decompress (with the sha256
     # checks; summed over files, which prefetching overlaps on threads), parse (JSON),
     # apply, validate (models and graph), and "seed head" (the store's, when it seeds).
@@ -440,10 +443,12 @@ class RunLoader:
                                                              or ["no snapshot or journal record to start"])])
         (run, tool_log), state, step_raw, call_raw = accepted[-1]
         snap_bytes = path.start_record.stored_size if path.start_record is not None else 0
+        newest = path.records[-1][1] if path.records else path.start_record
         info = LoadInfo(run_id, path.version, path.start.version if path.start else 0,
                         len(path.records) + (path.start is not None),
                         snap_bytes + sum(rec.stored_size for _rf, rec in path.records), snap_bytes,
-                        [*unread, *problems], max_seen, phases)
+                        [*unread, *problems], max_seen, newest.header.time if newest else 0.0,
+                        phases)
         return Loaded(run, tool_log, state, path.hash, info, step_raw, call_raw)
 
     def materialise(self, run_id: str, state: dict[str, Any], problems: list[str],

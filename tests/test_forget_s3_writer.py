@@ -1,0 +1,164 @@
+"""`forget` beside an S3 writer: refused while the run is fresh; a resumed writer checks its base.
+
+Measured 2026-12-07 over moto: a run at v3 forgotten from another store while its writer kept
+committing; the writer's next commits were acknowledged as v4 and v5 (an S3 writer that
+confirmed its base within `fence_seconds / 2` commits with one conditional PUT and no look at
+its base), and a new load raised CheckpointCorruptError. Now:
+
+* `forget` on a fencing store refuses a run written within `fence_seconds` (exit 1, `in-use`),
+  unless `--force`; local disk, where every commit checks its base, still forgets at once;
+* a load dates the writer's head by the loaded record's time, so a writer resuming an idle run
+  checks its base on its first commit and stops (ConflictError) when a forget took the run;
+* a commit that lands between the forget's listing and its deletes is reported (exit 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
+from ckptfs.errors import ConflictError
+from ckptfs.maintenance.forget import forget
+from ckptfs.storage.base import Storage
+from ckptfs.store.compactor import CompactionPolicy
+
+CLI = str(Path(sys.executable).parent / "ckptfs")
+
+
+def _run(n: int = 3) -> AgentRun:
+    run = AgentRun(run_id="r", goal="g")
+    for i in range(n):
+        run.add_step(Step(id=f"s{i}", title=f"s{i}"))
+    return run
+
+
+def _commit_versions(store: CheckpointStore, run: AgentRun, upto: int) -> None:
+    """Commit step results until the run's newest version is `upto`."""
+    version, i = store.save_run(run), 0
+    while version < upto:
+        step = run.steps[f"s{i % len(run.steps)}"]
+        step.status, step.result = StepStatus.COMPLETED, f"v{version + 1}"
+        version = store.commit(run, [step])
+        i += 1
+    assert version == upto
+
+
+def _newest(store: CheckpointStore) -> int:
+    assert store.load_run("r") is not None and store.last_load is not None
+    return store.last_load.version
+
+
+def _cli(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CLI, *argv], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **env})
+
+
+def test_the_cli_refuses_a_fresh_s3_run_and_forgets_it_with_force(s3_url: str,
+                                                                  s3_opts: dict[str, Any]) -> None:
+    env = {"CKPTFS_STORAGE_OPTIONS": json.dumps(s3_opts)}
+    with CheckpointStore(s3_url, s3_opts) as store:
+        _commit_versions(store, _run(), 3)
+    for extra in ([], ["--dry-run"]):
+        proc = _cli("forget", s3_url, "r", "--json", *extra, env=env)
+        doc = json.loads(proc.stdout)
+        assert proc.returncode == 1, proc.stderr
+        assert doc["error"]["code"] == "in-use", doc
+        message = doc["error"]["message"]
+        assert "runs/r/log/000000000003.ckpt" in message and "--force" in message, message
+        assert "s ago" in message and "stop the agent first" in message, message
+    with CheckpointStore(s3_url, s3_opts) as fresh:  # nothing went
+        assert _newest(fresh) == 3
+    proc = _cli("forget", s3_url, "r", "--force", env=env)
+    assert proc.returncode == 0, proc.stderr
+    with CheckpointStore(s3_url, s3_opts) as fresh:
+        assert fresh.load_run("r") is None
+
+
+def test_local_disk_still_forgets_a_fresh_run_at_once(tmp_path: Path) -> None:
+    root = str(tmp_path / "store")
+    with CheckpointStore(root) as store:
+        store.save_run(_run())
+    proc = _cli("forget", root, "r", env={})
+    assert proc.returncode == 0, proc.stderr
+    with CheckpointStore(root) as fresh:
+        assert fresh.load_run("r") is None
+
+
+def test_a_live_s3_writer_keeps_its_run_and_every_commit_loads(s3_url: str,
+                                                              s3_opts: dict[str, Any]) -> None:
+    """The measured case: a run at v3 with its writer committing on. The forget is refused,
+    so v4 and v5 are acknowledged on a run that loads them (they were CheckpointCorruptError)."""
+    with CheckpointStore(s3_url, s3_opts) as writer, CheckpointStore(s3_url, s3_opts) as other:
+        run = _run()
+        _commit_versions(writer, run, 3)
+        report = forget(other.storage, "r")
+        assert report.refused and not report.deleted
+        assert report.recent_write is not None and report.recent_write[0].endswith("log/000000000003.ckpt")
+        _commit_versions(writer, run, 5)
+    with CheckpointStore(s3_url, s3_opts) as fresh:
+        assert _newest(fresh) == 5
+        loaded = fresh.load_run("r")
+        assert loaded is not None
+        assert {k: s.result for k, s in loaded.steps.items()} == {k: s.result for k, s in run.steps.items()}
+        assert "v5" in {s.result for s in loaded.steps.values()}
+
+
+def test_a_writer_resuming_an_idle_run_meets_the_forget_and_stops(s3_url: str,
+                                                                 s3_opts: dict[str, Any]) -> None:
+    """An idle run (older than the forget's fence time) is forgotten while an agent resumes it.
+    The resumed writer loaded it a moment before, but its newest record is older than half
+    the fence time, so its first commit checks its base: ConflictError, not an acknowledged
+    v4 on a run no load can read (the head used to be dated by the load)."""
+    policy = CompactionPolicy(fence_seconds=2.0)  # half: 1 s
+    with CheckpointStore(s3_url, s3_opts) as first:
+        _commit_versions(first, _run(), 3)
+    time.sleep(1.3)  # the run goes idle: its newest record is past both fence times below
+    with CheckpointStore(s3_url, s3_opts, policy=policy) as resumed, \
+            CheckpointStore(s3_url, s3_opts) as other:
+        assert _newest(resumed) == 3
+        run = resumed.load_run("r")
+        assert run is not None
+        report = forget(other.storage, "r", fence_seconds=1.0)
+        assert not report.refused and report.ok and report.deleted
+        run.steps["s2"].status, run.steps["s2"].result = StepStatus.COMPLETED, "late"
+        with pytest.raises(ConflictError):
+            resumed.commit(run, [run.steps["s2"]])
+    with CheckpointStore(s3_url, s3_opts) as fresh:
+        assert fresh.load_run("r") is None  # was: v4 acknowledged, then CheckpointCorruptError
+        assert fresh.storage.list("runs/r/") == []
+
+
+class _CommitOnFirstDelete:
+    """A storage whose first delete lets a writer commit first: a commit landing between the
+    forget's listing and its deletes, as a live writer's does."""
+
+    def __init__(self, inner: Storage, commit: Any) -> None:
+        self._inner, self._commit, self.fired = inner, commit, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def delete(self, key: str) -> None:
+        if not self.fired:
+            self.fired = True
+            self._commit()
+        self._inner.delete(key)
+
+
+def test_a_commit_landing_during_a_forced_forget_is_reported(s3_url: str, s3_opts: dict[str, Any]) -> None:
+    with CheckpointStore(s3_url, s3_opts) as writer, CheckpointStore(s3_url, s3_opts) as other:
+        run = _run()
+        _commit_versions(writer, run, 3)
+        storage = _CommitOnFirstDelete(other.storage, lambda: _commit_versions(writer, run, 4))
+        report = forget(storage, "r", force=True)  # type: ignore[arg-type]
+        assert storage.fired and not report.ok
+        assert [e.split(":")[0] for e in report.errors] == ["runs/r/log/000000000004.ckpt"], report.errors
+        assert "written during the forget" in report.errors[0] and "stop it" in report.errors[0]
