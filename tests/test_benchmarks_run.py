@@ -20,7 +20,7 @@ TINY = {
     "group_commit.py": ["--steps", "100", "--rounds", "1"],
     "langgraph_put.py": ["--steps", "10", "--sizes", "10", "--get-rounds", "10", "--no-s3"],
     "load_scale.py": ["--steps", "300", "--batch", "50", "--rounds", "1", "--root", "{tmp}"],
-    "mirror_restore.py": ["--steps", "200", "--repeat", "1"],
+    "mirror_restore.py": ["--steps", "200", "--repeat", "1", "--runs", "4"],
     "s3_load_artifacts.py": ["--artifacts", "20", "--latency-ms", "5", "--reps", "1"],
     "scale.py": ["--steps", "100", "--smoke"],
     "seed_save_run.py": ["--sizes", "20,50", "--rounds", "5"],
