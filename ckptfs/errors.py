@@ -132,16 +132,18 @@ class ConflictError(CkptfsError):
 
 
 class BaseRemovedError(ConflictError):
-    """A commit built on a version retention has removed: another writer moved the run on
-    (and pruned) while this one held an old head. Its record was withdrawn; reload the run."""
+    """A commit built on a version that is gone: retention removed it (another writer moved
+    the run on and pruned) or `forget` removed the run while this one held an old head. Its
+    record was withdrawn; reload the run (a load then says which: a newer version, or none)."""
 
     def __init__(self, run_id: str, version: int, base: int) -> None:
         self.run_id = run_id
         self.version = version
         self.base = base
         CkptfsError.__init__(self, f"run {run_id!r}: version {version} not written: the version "
-                             f"it builds on, v{base}, was removed by retention (another writer has "
-                             "moved this run on); reload the run to continue from the newest version")
+                             f"it builds on, v{base}, is no longer stored (removed by retention after "
+                             "another writer moved the run on, or by a forget of the run); reload "
+                             "the run: it continues from the newest version, or is gone if forgotten")
 
 
 class StaleStepsError(ConflictError):

@@ -10,25 +10,34 @@ its base), and a new load raised CheckpointCorruptError. Now:
 * a load dates the writer's head by the loaded record's time, so a writer resuming an idle run
   checks its base on its first commit and stops (ConflictError) when a forget took the run;
 * a commit that lands between the forget's listing and its deletes is reported (exit 1).
+
+The hostile re-read of that found three more ways through, each a test below: a slow PUT whose
+base check was sent beside it, a record dated ahead by its writer's fast clock, and a store
+whose replies carry no Date.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from backends.s3.embedded import EmbeddedS3
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
-from ckptfs.errors import ConflictError
+from ckptfs.errors import BaseRemovedError, ConflictError
 from ckptfs.maintenance.forget import forget
 from ckptfs.storage.base import Storage
+from ckptfs.store import checkpoint_store
 from ckptfs.store.compactor import CompactionPolicy
+from tests._fault_proxy import Fault, FaultProxy, Request
 
 CLI = str(Path(sys.executable).parent / "ckptfs")
 
@@ -73,7 +82,8 @@ def test_the_cli_refuses_a_fresh_s3_run_and_forgets_it_with_force(s3_url: str,
         assert doc["error"]["code"] == "in-use", doc
         message = doc["error"]["message"]
         assert "runs/r/log/000000000003.ckpt" in message and "--force" in message, message
-        assert "s ago" in message and "stop the agent first" in message, message
+        assert re.search(r"is \d+s old \(a forget without --force is possible \d+s from", message), message
+        assert "stop the agent first" in message, message
     with CheckpointStore(s3_url, s3_opts) as fresh:  # nothing went
         assert _newest(fresh) == 3
     proc = _cli("forget", s3_url, "r", "--force", env=env)
@@ -162,3 +172,120 @@ def test_a_commit_landing_during_a_forced_forget_is_reported(s3_url: str, s3_opt
         assert storage.fired and not report.ok
         assert [e.split(":")[0] for e in report.errors] == ["runs/r/log/000000000004.ckpt"], report.errors
         assert "written during the forget" in report.errors[0] and "stop it" in report.errors[0]
+
+
+# ---------------------------------------------------------------- found by the hostile re-read
+
+
+def _proxied(opts: dict[str, Any], endpoint: str) -> dict[str, Any]:
+    return {**opts, "client_kwargs": {**opts["client_kwargs"], "endpoint_url": endpoint}}
+
+
+def test_a_slow_put_that_lands_after_the_forget_is_withdrawn(s3: EmbeddedS3) -> None:
+    """The resumed writer's base check was sent beside its PUT: it answered "there" before the
+    forget deleted v3, the PUT (held 2 s at a proxy) landed after the forget's last listing, and
+    v4 was acknowledged on a run no load could read (4 of 4 tries). The check now follows the
+    PUT on S3."""
+    url, opts = s3.url("slow-put"), s3.storage_options
+    with CheckpointStore(url, opts) as first:
+        _commit_versions(first, _run(), 3)
+    time.sleep(1.3)  # idle past both fence times below
+
+    def rule(req: Request) -> Fault | None:
+        return Fault(delay=2.0) if req.method == "PUT" and "log/000000000004" in req.path else None
+
+    policy = CompactionPolicy(fence_seconds=2.0)
+    with FaultProxy(s3.endpoint, rule) as proxy, \
+            CheckpointStore(url, _proxied(opts, proxy.endpoint), policy=policy) as resumed, \
+            CheckpointStore(url, opts) as other:
+        run = resumed.load_run("r")
+        assert run is not None
+        run.steps["s2"].status, run.steps["s2"].result = StepStatus.COMPLETED, "late"
+        outcome: dict[str, Any] = {}
+
+        def commit() -> None:
+            try:
+                outcome["version"] = resumed.commit(run, [run.steps["s2"]])
+            except ConflictError as exc:
+                outcome["error"] = exc
+
+        writer = threading.Thread(target=commit)
+        writer.start()
+        time.sleep(0.5)  # the PUT is held at the proxy
+        report = forget(other.storage, "r", fence_seconds=1.0)
+        writer.join(timeout=60)
+        assert report.ok and report.deleted and proxy.counts["delayed"] == 1
+        assert isinstance(outcome.get("error"), BaseRemovedError), outcome  # was: acknowledged as v4
+    with CheckpointStore(url, opts) as fresh:
+        assert fresh.load_run("r") is None  # was CheckpointCorruptError
+
+
+class _ClockAhead:
+    """The `time` module as a machine whose clock runs `ahead` seconds fast sees it."""
+
+    def __init__(self, ahead: float) -> None:
+        self.ahead = ahead
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    def time(self) -> float:
+        return time.time() + self.ahead
+
+
+def test_a_record_dated_ahead_by_a_fast_clock_does_not_spare_the_base_check(
+        s3_url: str, s3_opts: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's last writer's clock ran 5 s fast (scaled down: minutes, against the default
+    fence). A resumed writer took the record's time, in its future, as "written now", skipped
+    its base check after the forget, and v4 was acknowledged on a run no load could read."""
+    with monkeypatch.context() as m:
+        m.setattr(checkpoint_store, "time", _ClockAhead(5.0))
+        with CheckpointStore(s3_url, s3_opts) as first:
+            _commit_versions(first, _run(), 3)
+    time.sleep(1.3)
+    with CheckpointStore(s3_url, s3_opts, policy=CompactionPolicy(fence_seconds=2.0)) as resumed, \
+            CheckpointStore(s3_url, s3_opts) as other:
+        run = resumed.load_run("r")
+        assert run is not None
+        report = forget(other.storage, "r", fence_seconds=1.0)
+        assert report.ok and report.deleted
+        run.steps["s2"].status, run.steps["s2"].result = StepStatus.COMPLETED, "late"
+        with pytest.raises(BaseRemovedError, match="forget"):
+            resumed.commit(run, [run.steps["s2"]])
+    with CheckpointStore(s3_url, s3_opts) as fresh:
+        assert fresh.load_run("r") is None
+
+
+def test_a_store_that_does_not_say_its_time_is_refused_and_the_window_is_an_option(
+        s3: EmbeddedS3, tmp_path: Path) -> None:
+    """Replies without a Date: the forget had only this machine's clock, and one ahead by the
+    fence time took a run written a second before for old. Such a run's age is now unknown, so
+    the forget is refused. `--fence-seconds` is the window (for writers given a longer one)."""
+    url, opts = s3.url("no-date"), s3.storage_options
+    with CheckpointStore(url, opts) as store:
+        _commit_versions(store, _run(), 2)
+
+    def no_date(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        return [(k, v) for k, v in headers if k.lower() != "date"]
+
+    def rule(req: Request) -> Fault | None:
+        return Fault(reply_headers=no_date) if req.method == "HEAD" else None
+
+    with FaultProxy(s3.endpoint, rule) as proxy:
+        env = {"CKPTFS_STORAGE_OPTIONS": json.dumps(_proxied(opts, proxy.endpoint))}
+        proc = _cli("forget", url, "r", "--json", env=env)
+        doc = json.loads(proc.stdout)
+        assert proc.returncode == 1 and doc["error"]["code"] == "in-use", proc.stderr
+        assert "unknown age" in doc["error"]["message"] and doc["recent_write"]["written_s_ago"] is None
+    env = {"CKPTFS_STORAGE_OPTIONS": json.dumps(opts)}
+    time.sleep(1.1)
+    proc = _cli("forget", url, "r", "--fence-seconds", "1h", "--json", env=env)
+    assert proc.returncode == 1 and json.loads(proc.stdout)["error"]["code"] == "in-use"
+    assert "3600s covers" in json.loads(proc.stdout)["error"]["message"]
+    for bad in ("", "-5", "nan", "soon"):
+        proc = _cli("forget", url, "r", "--fence-seconds", bad, env=env)
+        assert proc.returncode == 2 and "--fence-seconds" in proc.stderr, (bad, proc.stderr)
+    proc = _cli("forget", url, "r", "--fence-seconds", "1s", env=env)  # 1 s old by the store: allowed
+    assert proc.returncode == 0, proc.stderr
+    with CheckpointStore(url, opts) as fresh:
+        assert fresh.load_run("r") is None

@@ -84,6 +84,9 @@ def register(sub: Any) -> None:
     p.add_argument("--dry-run", action="store_true", help="say what would be deleted; delete nothing")
     p.add_argument("--force", action="store_true",
                    help="forget it even if a worker holds a lease on it or it was just written")
+    p.add_argument("--fence-seconds", default="600", metavar="DURATION",
+                   help="on S3, refuse a run written within this long (default 600s: the writers' "
+                        "default fence_seconds; give theirs if they were set longer)")
     add_json_arg(p)
     p.set_defaults(handler=cmd_forget)
 
@@ -226,11 +229,12 @@ def cmd_prune(args: argparse.Namespace) -> int:
 def cmd_forget(args: argparse.Namespace) -> int:
     from ckptfs.cli._render import Col, print_table
     from ckptfs.format.models import validate_id
-    from ckptfs.maintenance.forget import FENCE_SECONDS, LEASE_GRACE, forget
+    from ckptfs.maintenance.forget import LEASE_GRACE, forget
 
     validate_id(args.run_id, "run id")
+    fence = grace_seconds("--fence-seconds", args.fence_seconds)
     storage = open_existing(store_target(args))
-    report = forget(storage, args.run_id, dry_run=args.dry_run, force=args.force)
+    report = forget(storage, args.run_id, dry_run=args.dry_run, force=args.force, fence_seconds=fence)
     if not report.found:
         raise run_not_found(args.run_id, storage.display_name)
     if report.refused and report.live_leases:
@@ -241,12 +245,15 @@ def cmd_forget(args: argparse.Namespace) -> int:
                        f"{LEASE_GRACE:.0f}s past its ttl)", kind="lease-held", extra=report.to_dict())
     if report.refused:  # what else refuses: a write within the fence time
         key, ago = report.recent_write or ("?", None)
-        when = "dated ahead of the store's clock" if ago is None else f"written {ago:.0f}s ago"
-        raise CliError(f"run {args.run_id!r} may still be written to: its newest file {key} was {when}, "
-                       f"within the {FENCE_SECONDS:.0f}s an S3 writer commits without looking at "
-                       "earlier versions (its next commits would be acknowledged on a run no load "
-                       "can read); stop the agent first, or give --force", kind="in-use",
-                       extra=report.to_dict())
+        when = ("of unknown age: the store's reply gave no time to date it by" if ago is None else
+                f"{ago:.0f}s old (a forget without --force is possible {fence - ago:.0f}s from now "
+                "if nothing writes the run meanwhile)")
+        raise CliError(f"run {args.run_id!r} may still be written to: its newest file {key} is {when}. "
+                       "On S3 a writer that committed or loaded within half its fence time commits "
+                       "without looking at earlier versions, so its next commits would be "
+                       f"acknowledged on a run no load can read ({fence:.0f}s covers writers with the "
+                       "default fence_seconds); stop the agent first, or give --force",
+                       kind="in-use", extra=report.to_dict())
     if args.json:
         emit_json(report.to_dict())
         return EXIT_OK if report.ok else EXIT_PROBLEMS

@@ -7,17 +7,19 @@ needed to go on. A lease that has gone silent for longer is reported as stale an
 the forget: its holder would be fenced off anyway.
 
 On a store that fences with its journal keys (S3, `store/retention.py`), a run written to
-less than `fence_seconds` ago (by the store's clock) is refused too, `force=True` again to go
-on. There a writer that committed or loaded within half of that commits with one conditional
-PUT of its next key and no look at its base, so a forget under it left its next commits
-acknowledged on a run no load could read (measured: v4 and v5 acknowledged, then
-CheckpointCorruptError). A writer that loaded an older run checks its base on its first
-commit (`CheckpointStore`: a load dates the head by its newest record), and forget deletes
-the newest version first, so such a writer meets the missing base and stops. What a writer
-still lands in the instant between the listing and those first deletes is found by a second
-listing at the end and reported as an error: the run is then neither kept nor gone, and the
-writer must be stopped before forgetting again. Local disk needs none of this: every commit
-there checks its base.
+less than `fence_seconds` ago by the store's own clock (or on a store that does not say its
+time) is refused too, `force=True` again to go on. There a writer that committed or loaded
+within half of its own `fence_seconds` commits with one conditional PUT of its next key and no
+look at its base, so a forget under it left its next commits acknowledged on a run no load
+could read (measured: v4 and v5 acknowledged, then CheckpointCorruptError). The default here
+is the writers' default, which covers writers whose fence time is up to twice it; writers
+given a longer one need the same given here. A writer that loaded an older run checks its
+base on its first commit, after its PUT (`CheckpointStore`: a load dates the head by its
+newest record), and forget deletes the newest version first, so such a writer meets the
+missing base and stops, or its record landed before the second listing a forget makes at its
+end, which reports it as an error: the run is then neither kept nor gone, and the writer must
+be stopped before forgetting again. Local disk needs none of this: every commit there checks
+its base.
 
 Only what is ckptfs's goes (as `format/keys.py` `classify` reads the listing): the run's
 journal records, deltas and snapshots, its leases, and ckptfs's own temp files. A file under
@@ -50,7 +52,7 @@ from ckptfs.storage.local import LocalStorage
 from ckptfs.storage.retry import RetryingStorage
 from ckptfs.store.compactor import CompactionPolicy
 from ckptfs.store.leases import read_leases
-from ckptfs.store.retention import keeps_fences, store_age
+from ckptfs.store.retention import keeps_fences
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +89,7 @@ class ForgetReport:
     leases: list[LeaseState] = field(default_factory=list)
     unread_leases: list[str] = field(default_factory=list)  # "key: why", see _leases
     # The run's newest file, when a fencing store says it was written within fence_seconds:
-    # (key, seconds ago; None when dated ahead of the store's clock past any trust).
+    # (key, seconds ago; None when the store gave no clock to date it by).
     recent_write: tuple[str, float | None] | None = None
     errors: list[str] = field(default_factory=list)
 
@@ -142,19 +144,22 @@ def _order(listing: StoreListing) -> list[str]:
 def _recent_write(storage: Storage, listing: StoreListing, fence_seconds: float
                   ) -> tuple[str, float | None] | None:
     """The run's newest file and its age, if written less than `fence_seconds` ago by the
-    store's clock (`store_age`; a time further ahead than that is no age to trust: recent)."""
+    store's own clock: its time and the store's now from one answer (S3: LastModified and the
+    reply's Date). A store that does not say its now gives no age (None): refused, since this
+    machine's clock, ahead by the fence time, made a run written a second before look old."""
     files = [rf for found in listing.runs.values() for rf in found]
     if not files:
         return None
     rank = {"log": 0, "delta": 1, "snap": 2}  # a commit writes the journal record first
     newest = min(files, key=lambda f: (-f.version, rank[f.kind])).key
     try:
-        age = store_age(storage, newest, fence_seconds)
+        modified, store_now = storage.modified_and_now(newest)
     except FileNotFoundError:
         return (newest, 0.0)  # replaced or removed this instant: someone is at work on the run
-    if age is None or age < fence_seconds:
-        return (newest, None if age is None else round(age, 1))
-    return None
+    if store_now is None:
+        return (newest, None)
+    age = max(0.0, store_now - modified)  # both whole seconds on S3: never below 0 but by rounding
+    return (newest, round(age, 1)) if age < fence_seconds else None
 
 
 def _appeared(storage: Storage, prefix: str, listed: list[str]) -> list[str]:

@@ -99,6 +99,7 @@ RESUMABLE_STATUSES = frozenset({"running", "paused", "failed"})
 # review; on S3, 55 of 60). From the third attempt on, each
 # waits a few ms (at most ~0.1 s), so a reader never spins against a writer on a busy core.
 LOAD_ATTEMPTS = 25
+MAX_IDLE = 10 * 365 * 86400.0  # how old a loaded head is taken to be when its time says nothing
 
 
 
@@ -289,7 +290,13 @@ class CheckpointStore:
         check_base = bool(head.version) and not (fenced and head.unconfirmed_for(started) < half)
         base_check = None
         base_seen = False
-        if check_base and self.storage.capabilities.remote:
+        # Beside the PUT only where no fences are kept (every commit checks there). On a fencing
+        # store a check is rare (a head idle past half the fence time) and comes after the PUT:
+        # asked beside it, a base that a forget deleted while a slow PUT was still on its way
+        # answered "there", and the PUT landed after the forget's last listing (acknowledged,
+        # then CheckpointCorruptError). After it, either the check sees the base gone, or the
+        # record was there before the forget's last listing, which reports it.
+        if check_base and self.storage.capabilities.remote and not fenced:
             base_check = self._io_pool().submit(self._base_exists, run_id, head.version)
         try:
             if check_base and base_check is None:
@@ -960,9 +967,12 @@ class CheckpointStore:
         # Without that, a forget of the idle run beside the resume (it refuses only runs
         # written recently, maintenance/forget.py) left that commit acknowledged on a run no
         # load could read. One request more, once per load of an idle run.
-        idle = max(0.0, time.time() - info.written_at)
-        if idle:
-            head.confirmed_at = (time.monotonic() - idle, time.time() - idle)
+        # A time ahead of this clock (its writer's clock ran fast) dates nothing: as old, so
+        # the first commit checks (taken as now, it skipped the check beside a forget).
+        idle = time.time() - info.written_at
+        if not 0.0 <= idle <= MAX_IDLE:
+            idle = MAX_IDLE
+        head.confirmed_at = (time.monotonic() - idle, time.time() - idle)
         head.run_json = run.model_dump_json(exclude={"steps"}).encode()
         head.run_info = {"goal": run.goal[:200], "status": run.status, "updated_at": run.updated_at}
         replica = Changes(run=codec.dumps(state["run"]))
