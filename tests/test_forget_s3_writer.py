@@ -289,3 +289,32 @@ def test_a_store_that_does_not_say_its_time_is_refused_and_the_window_is_an_opti
     assert proc.returncode == 0, proc.stderr
     with CheckpointStore(url, opts) as fresh:
         assert fresh.load_run("r") is None
+
+
+def test_a_writer_of_a_forgotten_run_does_not_build_on_a_new_run_of_the_same_id(
+        s3_url: str, s3_opts: dict[str, Any]) -> None:
+    """Agent A saves v1 and sits in a long tool call; the idle run is forgotten and job B starts
+    a run of the same id (its own v1). A's commit found *a* v1 and was acknowledged as v2 on a
+    chain no load follows (a fresh load gave B's v1, A's paid result gone), and B's next commit
+    met ConflictError. A's check now compares the base record's hash with its own."""
+    policy = CompactionPolicy(fence_seconds=2.0)
+    with CheckpointStore(s3_url, s3_opts, policy=policy) as a, CheckpointStore(s3_url, s3_opts) as b, \
+            CheckpointStore(s3_url, s3_opts) as other:
+        run_a = _run()
+        run_a.goal = "A's job"
+        assert a.save_run(run_a) == 1
+        time.sleep(1.3)  # A idle past half its fence time; the run past the forget's
+        assert forget(other.storage, "r", fence_seconds=1.0).deleted
+        run_b = _run()
+        run_b.goal = "B's job"
+        assert b.save_run(run_b) == 1
+        run_a.steps["s0"].status, run_a.steps["s0"].result = StepStatus.COMPLETED, "A's paid result"
+        with pytest.raises(BaseRemovedError):
+            a.commit(run_a, [run_a.steps["s0"]])  # was: acknowledged as v2
+        run_b.steps["s1"].status, run_b.steps["s1"].result = StepStatus.COMPLETED, "B's result"
+        assert b.commit(run_b, [run_b.steps["s1"]]) == 2  # was: ConflictError
+    with CheckpointStore(s3_url, s3_opts) as fresh:
+        loaded = fresh.load_run("r")
+        assert loaded is not None and loaded.goal == "B's job" and fresh.last_load is not None
+        assert fresh.last_load.version == 2 and loaded.steps["s1"].result == "B's result"
+        assert fresh.last_load.skipped == []

@@ -40,6 +40,7 @@ from ckptfs.errors import (
     BaseRemovedError,
     CheckpointCorruptError,
     ConflictError,
+    CorruptFileError,
     InvalidGraphError,
     InvalidIdError,
     KeyOccupiedError,
@@ -299,7 +300,7 @@ class CheckpointStore:
         if check_base and self.storage.capabilities.remote and not fenced:
             base_check = self._io_pool().submit(self._base_exists, run_id, head.version)
         try:
-            if check_base and base_check is None:
+            if check_base and base_check is None and not fenced:
                 base_seen = self.storage.put_if_absent_beside(key, data,
                                                               log_key(run_id, head.version))
             else:
@@ -318,9 +319,13 @@ class CheckpointStore:
                                 "version") from None
         if not check_base and fenced and head.unconfirmed_for() >= half:
             check_base = True  # the PUT itself took long (retried, throttled): check after it
-        base_ok = not check_base or base_seen or (
-            base_check.result() if base_check is not None
-            else self._base_exists(run_id, head.version))  # a snapshot or delta ending there
+        if not check_base:
+            base_ok = True
+        elif fenced:
+            base_ok = self._base_is_ours(run_id, head.version, head.hash)
+        else:
+            base_ok = base_seen or (base_check.result() if base_check is not None
+                                    else self._base_exists(run_id, head.version))  # snapshot, delta
         if not base_ok:
             # A writer whose head is older than the oldest kept snapshot just re-created a
             # pruned version. The record we made is ours: withdraw it.
@@ -394,6 +399,25 @@ class CheckpointStore:
         except FileNotFoundError:
             return False
         return any((rf := parse_run_key(k)) is not None and rf.version == version for k in deltas)
+
+    def _base_is_ours(self, run_id: str, version: int, chain_hash: str) -> bool:
+        """`_base_exists`, and for a journal record, that it is the one this head built on (its
+        hash): after a forget, a run of the same id started again holds a v1 of its own, and a
+        writer of the forgotten run that checked only that some v1 was there had its commit
+        acknowledged on a chain no load follows. One GET of a small record, on the rare path
+        of a fencing store's check (a head idle past half the fence time)."""
+        key = log_key(run_id, version)
+        try:
+            data = self.storage.get(key)
+        except FileNotFoundError:
+            return self._base_exists(run_id, version)  # a snapshot or delta ending there
+        rf = parse_run_key(key)
+        try:
+            rec = self._loader.decode(rf, data, run_id) if rf is not None else None
+        except CorruptFileError as exc:
+            logger.warning("run %s: the record a commit builds on does not read (%s)", run_id, exc)
+            return False
+        return rec is not None and rec.header.hash == chain_hash
 
     def _forget(self, run_id: str) -> None:
         self._heads.pop(run_id, None)
