@@ -32,7 +32,7 @@ import pytest
 
 from backends.s3.embedded import EmbeddedS3
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
-from ckptfs.errors import BaseRemovedError, ConflictError
+from ckptfs.errors import BaseRemovedError, ConflictError, StorageUnavailableError
 from ckptfs.maintenance.forget import forget
 from ckptfs.storage.base import Storage
 from ckptfs.store import checkpoint_store
@@ -318,3 +318,143 @@ def test_a_writer_of_a_forgotten_run_does_not_build_on_a_new_run_of_the_same_id(
         assert loaded is not None and loaded.goal == "B's job" and fresh.last_load is not None
         assert fresh.last_load.version == 2 and loaded.steps["s1"].result == "B's result"
         assert fresh.last_load.skipped == []
+
+
+# ------------------------------------------------------------ found by the second hostile re-read
+
+
+def test_a_snapshot_only_base_of_a_new_run_of_the_same_id_is_not_taken_for_ours(
+        s3_url: str, s3_opts: dict[str, Any]) -> None:
+    """As above, but every base is a snapshot alone (retention took the records once past the
+    fence): the check found *a* snapshot at v3, the new run's, and A's v4 was acknowledged."""
+    policy = CompactionPolicy(background=False, min_snapshot_bytes=0, keep_last=1, fence_seconds=1.0,
+                              superseded_grace=0.0)
+
+    def snapshot_only(goal: str) -> None:
+        with CheckpointStore(s3_url, s3_opts, policy=policy) as w:
+            run = _run()
+            run.goal = goal
+            _commit_versions(w, run, 3)
+        time.sleep(1.2)  # past the fence: retention may take the records below the snapshot
+        with CheckpointStore(s3_url, s3_opts, policy=policy) as p:
+            p.apply_retention("r", keep_last=1)
+            assert sorted(p.storage.list("runs/r/")) == ["runs/r/snap/000000000003.ckpt"]
+
+    snapshot_only("A's job")
+    with CheckpointStore(s3_url, s3_opts, policy=policy) as a:
+        run_a = a.load_run("r")
+        assert run_a is not None and run_a.goal == "A's job"
+        time.sleep(1.2)
+        assert forget(a.storage, "r", fence_seconds=1.0).deleted
+        snapshot_only("B's job")
+        run_a.steps["s2"].status, run_a.steps["s2"].result = StepStatus.COMPLETED, "A's paid result"
+        with pytest.raises(BaseRemovedError):
+            a.commit(run_a, [run_a.steps["s2"]])  # was: acknowledged as v4, then lost
+    with CheckpointStore(s3_url, s3_opts) as fresh:
+        loaded = fresh.load_run("r")
+        assert loaded is not None and loaded.goal == "B's job" and fresh.last_load is not None
+        assert fresh.last_load.version == 3
+
+
+def test_a_damaged_base_record_beside_a_good_snapshot_does_not_block_commits(
+        s3_url: str, s3_opts: dict[str, Any]) -> None:
+    """One flipped byte in log v3, snap v3 intact: the load reads the snapshot, and the
+    idle writer's check took the damaged record for a missing base, on every reload."""
+    policy = CompactionPolicy(background=False, min_snapshot_bytes=0, fence_seconds=2.0)
+    with CheckpointStore(s3_url, s3_opts, policy=policy) as w:
+        _commit_versions(w, _run(), 3)
+        assert w.storage.exists("runs/r/snap/000000000003.ckpt")
+        key = "runs/r/log/000000000003.ckpt"
+        raw = bytearray(w.storage.get(key))
+        raw[len(raw) // 2] ^= 0xFF
+        w.storage.put(key, bytes(raw))
+    with CheckpointStore(s3_url, s3_opts, policy=policy) as r:
+        run = r.load_run("r")
+        assert run is not None
+        time.sleep(1.2)
+        run.steps["s2"].status, run.steps["s2"].result = StepStatus.COMPLETED, "next"
+        assert r.commit(run, [run.steps["s2"]]) == 4  # was BaseRemovedError, forever
+
+
+def test_a_base_check_that_fails_leaves_no_writer_blaming_itself(s3: EmbeddedS3) -> None:
+    """The check's GET fails after the PUT landed (here: 403 on that object). The error is
+    raised, but the head is dropped, so the next call reloads and finds its own v4, where it
+    met "version 4 was already committed by another writer" (a step redone: a tool paid twice)."""
+    url, opts = s3.url("check-fails"), s3.storage_options
+    with CheckpointStore(url, opts) as first:
+        _commit_versions(first, _run(), 3)
+    time.sleep(1.2)
+
+    put4, denied = threading.Event(), threading.Event()
+
+    def rule(req: Request) -> Fault | None:  # the one GET of the check, after the PUT of v4
+        path = req.path.split("?")[0]
+        if req.method == "PUT" and path.endswith("log/000000000004.ckpt"):
+            put4.set()
+        elif put4.is_set() and not denied.is_set() and req.method == "GET" \
+                and path.endswith("log/000000000003.ckpt"):
+            denied.set()
+            return Fault(status=403, code="AccessDenied")
+        return None
+
+    with FaultProxy(s3.endpoint, rule) as proxy, CheckpointStore(
+            url, _proxied(opts, proxy.endpoint), policy=CompactionPolicy(fence_seconds=2.0)) as w:
+        run = w.load_run("r")
+        assert run is not None
+        run.steps["s2"].status, run.steps["s2"].result = StepStatus.COMPLETED, "paid once"
+        with pytest.raises(StorageUnavailableError, match="access refused"):
+            w.commit(run, [run.steps["s2"]])
+        assert denied.is_set()
+        assert w.commit(run, [run.steps["s2"]]) == 4  # reloaded: its own v4 (was ConflictError)
+    with CheckpointStore(url, opts) as fresh:
+        loaded = fresh.load_run("r")
+        assert loaded is not None and loaded.steps["s2"].result == "paid once"
+
+
+def test_a_withdrawal_never_deletes_a_record_another_writer_put_at_the_key(s3: EmbeddedS3) -> None:
+    """Old writer A (idle) puts v4; its check's GET is held 4 s. Meanwhile the run is forgotten
+    with --force (A's v4 with it) and a new run of the same id reaches v4, acknowledged. A's
+    check then reads the new v3, refuses, and its unconditional delete took the new run's v4."""
+    url, opts = s3.url("withdraw"), s3.storage_options
+    with CheckpointStore(url, opts) as first:
+        _commit_versions(first, _run(), 3)
+    put4 = threading.Event()
+
+    def rule(req: Request) -> Fault | None:
+        path = req.path.split("?")[0]
+        if req.method == "PUT" and path.endswith("log/000000000004.ckpt"):
+            put4.set()
+        elif put4.is_set() and req.method == "GET" and path.endswith("log/000000000003.ckpt"):
+            return Fault(delay=4.0)
+        return None
+
+    with FaultProxy(s3.endpoint, rule) as proxy, CheckpointStore(
+            url, _proxied(opts, proxy.endpoint), policy=CompactionPolicy(fence_seconds=2.0)) as a:
+        run_a = a.load_run("r")
+        assert run_a is not None
+        time.sleep(1.2)
+        run_a.steps["s2"].status, run_a.steps["s2"].result = StepStatus.COMPLETED, "A"
+        outcome: dict[str, Any] = {}
+
+        def commit() -> None:
+            try:
+                outcome["version"] = a.commit(run_a, [run_a.steps["s2"]])
+            except ConflictError as exc:
+                outcome["error"] = exc
+
+        writer = threading.Thread(target=commit)
+        writer.start()
+        assert put4.wait(30)
+        time.sleep(0.3)
+        with CheckpointStore(url, opts) as operator:
+            assert forget(operator.storage, "r", force=True).deleted
+        with CheckpointStore(url, opts) as b:
+            run_b = _run()
+            run_b.goal = "B's job"
+            _commit_versions(b, run_b, 4)
+        writer.join(timeout=60)
+        assert isinstance(outcome.get("error"), BaseRemovedError), outcome
+    with CheckpointStore(url, opts) as fresh:
+        loaded = fresh.load_run("r")
+        assert loaded is not None and loaded.goal == "B's job" and fresh.last_load is not None
+        assert fresh.last_load.version == 4  # was 3: B's acknowledged v4 deleted

@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any
 
@@ -319,17 +319,25 @@ class CheckpointStore:
                                 "version") from None
         if not check_base and fenced and head.unconfirmed_for() >= half:
             check_base = True  # the PUT itself took long (retried, throttled): check after it
-        if not check_base:
-            base_ok = True
-        elif fenced:
-            base_ok = self._base_is_ours(run_id, head.version, head.hash)
-        else:
-            base_ok = base_seen or (base_check.result() if base_check is not None
-                                    else self._base_exists(run_id, head.version))  # snapshot, delta
+        try:
+            if not check_base:
+                base_ok = True
+            elif fenced:
+                base_ok = self._base_is_ours(run_id, head.version, head.hash)
+            else:
+                base_ok = base_seen or (base_check.result() if base_check is not None
+                                        else self._base_exists(run_id, head.version))  # snapshot, delta
+            if not base_ok:
+                # A writer whose head is older than the oldest kept snapshot (or than a forget)
+                # just re-created a removed version: withdraw what we wrote.
+                self._withdraw(key, data)
+        except BaseException:
+            # The record may be stored while its base is unknown (the check failed: a 503, a
+            # dropped connection): the head is dropped, so the next call reloads and sees
+            # whether it landed, instead of taking its own record for another writer's.
+            self._forget(run_id)
+            raise
         if not base_ok:
-            # A writer whose head is older than the oldest kept snapshot just re-created a
-            # pruned version. The record we made is ours: withdraw it.
-            self.storage.delete(key)
             self._forget(run_id)
             raise BaseRemovedError(run_id, version, head.version)
         plain = {sid: mj for sid in changes.steps
@@ -401,23 +409,51 @@ class CheckpointStore:
         return any((rf := parse_run_key(k)) is not None and rf.version == version for k in deltas)
 
     def _base_is_ours(self, run_id: str, version: int, chain_hash: str) -> bool:
-        """`_base_exists`, and for a journal record, that it is the one this head built on (its
-        hash): after a forget, a run of the same id started again holds a v1 of its own, and a
-        writer of the forgotten run that checked only that some v1 was there had its commit
-        acknowledged on a chain no load follows. One GET of a small record, on the rare path
-        of a fencing store's check (a head idle past half the fence time)."""
-        key = log_key(run_id, version)
+        """Whether the version a commit builds on is stored *and* is the one this head built
+        on: the first of its journal record, snapshot or deltas ending there that reads must
+        carry this head's hash. After a forget, a run of the same id started again holds a
+        version of that number of its own (a record, or a snapshot once pruned), and a writer
+        of the forgotten run that checked only that some file was there had its commit
+        acknowledged on a chain no load follows. A file that does not read is passed over
+        (a damaged record beside a good snapshot is no missing base). The rare path of a
+        fencing store's check (a head idle past half the fence time): a GET of the record,
+        or of the snapshot where retention took the record."""
+        def candidates() -> Iterator[str]:
+            yield log_key(run_id, version)
+            yield snap_key(run_id, version)
+            try:
+                deltas = self.storage.list(f"{run_prefix(run_id)}delta/")
+            except FileNotFoundError:
+                return
+            yield from (k for k in deltas if (rf := parse_run_key(k)) is not None and rf.version == version)
+
+        for key in candidates():
+            rf = parse_run_key(key)
+            try:
+                data = self.storage.get(key)
+                rec = self._loader.decode(rf, data, run_id) if rf is not None else None
+            except FileNotFoundError:
+                continue
+            except CorruptFileError as exc:
+                logger.warning("run %s: %s does not read (%s); looking further for the base",
+                               run_id, key, exc)
+                continue
+            if rec is not None:
+                return rec.header.hash == chain_hash
+        return False
+
+    def _withdraw(self, key: str, data: bytes) -> None:
+        """Delete the record this commit wrote, if what the key holds is still its bytes: after
+        a forget, a run started again may have taken the key meanwhile with a record of its
+        own, acknowledged (S3 has no delete conditioned on content; the window left is one
+        GET to the DELETE, against the whole check before)."""
         try:
-            data = self.storage.get(key)
+            if self.storage.get(key) == data:
+                self.storage.delete(key)
+            else:
+                logger.warning("%s: now holds another writer's record; ours is not withdrawn", key)
         except FileNotFoundError:
-            return self._base_exists(run_id, version)  # a snapshot or delta ending there
-        rf = parse_run_key(key)
-        try:
-            rec = self._loader.decode(rf, data, run_id) if rf is not None else None
-        except CorruptFileError as exc:
-            logger.warning("run %s: the record a commit builds on does not read (%s)", run_id, exc)
-            return False
-        return rec is not None and rec.header.hash == chain_hash
+            pass
 
     def _forget(self, run_id: str) -> None:
         self._heads.pop(run_id, None)
