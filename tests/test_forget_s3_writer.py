@@ -31,8 +31,8 @@ from typing import Any
 import pytest
 
 from backends.s3.embedded import EmbeddedS3
-from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
-from ckptfs.errors import BaseRemovedError, ConflictError, StorageUnavailableError
+from ckptfs import AgentRun, CheckpointStore, Step, StepStatus, ToolCall
+from ckptfs.errors import BaseRemovedError, ConflictError, RunNotFoundError, StorageUnavailableError
 from ckptfs.maintenance.forget import forget
 from ckptfs.storage.base import Storage
 from ckptfs.store import checkpoint_store
@@ -458,3 +458,37 @@ def test_a_withdrawal_never_deletes_a_record_another_writer_put_at_the_key(s3: E
         loaded = fresh.load_run("r")
         assert loaded is not None and loaded.goal == "B's job" and fresh.last_load is not None
         assert fresh.last_load.version == 4  # was 3: B's acknowledged v4 deleted
+
+
+# ------------------------------------------------------------- found by the third hostile re-read
+
+
+def test_a_writer_refused_for_a_forgotten_base_does_not_retry_into_the_new_run(
+        s3_url: str, s3_opts: dict[str, Any]) -> None:
+    """A's paid tool call returns after its run was forgotten and started again by job B. The
+    base check refused it, but `log_tool_call` took that for a lost race, reloaded (B's run)
+    and appended A's call there, acknowledged; A's step result and goal followed."""
+    policy = CompactionPolicy(fence_seconds=2.0)
+    with CheckpointStore(s3_url, s3_opts, policy=policy) as a, CheckpointStore(s3_url, s3_opts) as other:
+        run_a = _run()
+        run_a.goal = "A's job"
+        _commit_versions(a, run_a, 3)
+        time.sleep(1.3)
+        assert forget(other.storage, "r", fence_seconds=1.0).deleted
+        with CheckpointStore(s3_url, s3_opts) as b:
+            run_b = _run()
+            run_b.goal = "B's job"
+            _commit_versions(b, run_b, 3)
+        call = ToolCall(id="k1", tool_name="pay", arguments={"amount": 100}, result="A paid 100",
+                        timestamp=0.0)
+        with pytest.raises(RunNotFoundError, match="forgotten"):
+            a.log_tool_call("r", "s2", call)  # was: acknowledged as v4 of B's run
+        run_a.steps["s2"].status, run_a.steps["s2"].result = StepStatus.COMPLETED, "A's result"
+        with pytest.raises(RunNotFoundError, match="forgotten"):
+            a.commit(run_a, [run_a.steps["s2"]])  # was: v5, A's goal and result in B's run
+        assert a.load_run("r") is not None  # a load of the id: A now holds B's run, knowingly
+    with CheckpointStore(s3_url, s3_opts) as fresh:
+        loaded = fresh.load_run("r")
+        assert loaded is not None and loaded.goal == "B's job" and fresh.last_load is not None
+        assert fresh.last_load.version == 3 and loaded.steps["s2"].result is None
+        assert fresh.get_tool_call_history("r", "s2") == []

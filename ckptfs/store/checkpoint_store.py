@@ -105,6 +105,16 @@ MAX_IDLE = 10 * 365 * 86400.0  # how old a loaded head is taken to be when its t
 
 
 
+def _birth(head: Head) -> tuple[Any, ...]:
+    """Which run a head is of, beyond its id: a forgotten run started again under the same id
+    has another creation time (and goal), which a retry after a lost base must not write into.
+    (Two runs made with the same explicit created_at and goal are not told apart.)"""
+    if head.run_json is None:
+        return (None,)
+    doc = json.loads(head.run_json)
+    return (doc.get("created_at"), doc.get("goal"))
+
+
 def _backoff(attempt: int) -> None:
     """Jittered exponential pause before rebasing a commit that lost a race (5 ms .. 0.5 s)."""
     time.sleep(min(0.5, 0.005 * 2 ** attempt) * (0.5 + random.random()))
@@ -151,6 +161,9 @@ class CheckpointStore:
         self._values = ValuePlanner(self.artifacts, artifact_threshold)
         self.writer_id = _writer_id()
         self._heads: dict[str, Head] = {}
+        # Runs whose base this store found gone (BaseRemovedError), with which run they were
+        # (`_birth`): a reload that finds another run under the id is refused (`_head`).
+        self._gone: dict[str, tuple[Any, ...]] = {}
         self._locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
         self._compactor = Compactor(self.policy, self.storage, self._encode)
@@ -234,6 +247,18 @@ class CheckpointStore:
                 self._compactor.submit("init", (run_id, RunCompaction(Changes(), 0, "", 0)))
             else:
                 head = self._heads[run_id]
+            gone = self._gone.pop(run_id, None)
+            if gone is not None and head.version and _birth(head) != gone:
+                # The base was gone and the reload finds another run under the id: the run was
+                # forgotten and started again by another job. A retry (a
+                # tool-log append, a commit of the caller's run object) would put this
+                # writer's paid calls and results into that run. The caller's own load_run
+                # of the id is what ends this.
+                self._gone[run_id] = gone
+                self._heads.pop(run_id, None)
+                raise RunNotFoundError(f"run {run_id!r} was forgotten while this writer held it; "
+                                       "nothing was written (the id may now hold another run: "
+                                       "load_run it to work on that one)")
         return head
 
     def _commit(self, run_id: str, changes: Changes, *, run: AgentRun | None,
@@ -338,6 +363,7 @@ class CheckpointStore:
             self._forget(run_id)
             raise
         if not base_ok:
+            self._gone[run_id] = _birth(head)
             self._forget(run_id)
             raise BaseRemovedError(run_id, version, head.version)
         plain = {sid: mj for sid in changes.steps
@@ -977,6 +1003,7 @@ class CheckpointStore:
         """
         validate_id(run_id, "run id")
         with self._lock(run_id):
+            self._gone.pop(run_id, None)  # the caller now holds what the id holds
             result = self._load(run_id, version, resolve=resolve_artifacts,
                                 seed_head=version is None and resolve_artifacts)
         return None if result is None else result[0]
