@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,15 @@ def test_a_commit_landing_during_a_forced_forget_is_reported(s3_url: str, s3_opt
 # ---------------------------------------------------------------- found by the hostile re-read
 
 
+def _commit_beside(store: CheckpointStore, run: AgentRun, step_id: str) -> Future[int]:
+    """`store.commit(run, [step])` on a thread of its own, for a forget to run beside it."""
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        return pool.submit(store.commit, run, [run.steps[step_id]])
+    finally:
+        pool.shutdown(wait=False)
+
+
 def _proxied(opts: dict[str, Any], endpoint: str) -> dict[str, Any]:
     return {**opts, "client_kwargs": {**opts["client_kwargs"], "endpoint_url": endpoint}}
 
@@ -201,21 +211,12 @@ def test_a_slow_put_that_lands_after_the_forget_is_withdrawn(s3: EmbeddedS3) -> 
         run = resumed.load_run("r")
         assert run is not None
         run.steps["s2"].status, run.steps["s2"].result = StepStatus.COMPLETED, "late"
-        outcome: dict[str, Any] = {}
-
-        def commit() -> None:
-            try:
-                outcome["version"] = resumed.commit(run, [run.steps["s2"]])
-            except ConflictError as exc:
-                outcome["error"] = exc
-
-        writer = threading.Thread(target=commit)
-        writer.start()
+        outcome = _commit_beside(resumed, run, "s2")
         time.sleep(0.5)  # the PUT is held at the proxy
         report = forget(other.storage, "r", fence_seconds=1.0)
-        writer.join(timeout=60)
+        with pytest.raises(BaseRemovedError):  # was: acknowledged as v4
+            outcome.result(timeout=60)
         assert report.ok and report.deleted and proxy.counts["delayed"] == 1
-        assert isinstance(outcome.get("error"), BaseRemovedError), outcome  # was: acknowledged as v4
     with CheckpointStore(url, opts) as fresh:
         assert fresh.load_run("r") is None  # was CheckpointCorruptError
 
@@ -434,16 +435,7 @@ def test_a_withdrawal_never_deletes_a_record_another_writer_put_at_the_key(s3: E
         assert run_a is not None
         time.sleep(1.2)
         run_a.steps["s2"].status, run_a.steps["s2"].result = StepStatus.COMPLETED, "A"
-        outcome: dict[str, Any] = {}
-
-        def commit() -> None:
-            try:
-                outcome["version"] = a.commit(run_a, [run_a.steps["s2"]])
-            except ConflictError as exc:
-                outcome["error"] = exc
-
-        writer = threading.Thread(target=commit)
-        writer.start()
+        outcome = _commit_beside(a, run_a, "s2")
         assert put4.wait(30)
         time.sleep(0.3)
         with CheckpointStore(url, opts) as operator:
@@ -452,8 +444,8 @@ def test_a_withdrawal_never_deletes_a_record_another_writer_put_at_the_key(s3: E
             run_b = _run()
             run_b.goal = "B's job"
             _commit_versions(b, run_b, 4)
-        writer.join(timeout=60)
-        assert isinstance(outcome.get("error"), BaseRemovedError), outcome
+        with pytest.raises(BaseRemovedError):
+            outcome.result(timeout=60)
     with CheckpointStore(url, opts) as fresh:
         loaded = fresh.load_run("r")
         assert loaded is not None and loaded.goal == "B's job" and fresh.last_load is not None
