@@ -472,8 +472,10 @@ def verify_digest(data: bytes, key: str) -> None:
         raise CorruptFileError(key, "file sha256 does not match its trailer (bytes changed)")
 
 
-def decompress(data: bytes, key: str, max_size: int = DEFAULT_MAX_DECODED_BYTES) -> bytes:
-    """Bounded, strict zstd decode of one whole frame with its content checksum and trailer."""
+def _checked_frame(data: bytes, key: str, max_size: int) -> tuple[bytes, int]:
+    """The file's zstd frame and its declared decoded size, once every check short of decoding
+    it holds: trailer, sha256 of every byte, content checksum, declared size within the limit,
+    one frame filling the file. What `decompress` and `read_header` both stand on."""
     if len(data) < _TRAILER_LEN or data[-_TRAILER_LEN:-36] != _SKIPPABLE_MAGIC or (
             data[-36:-32] != (32).to_bytes(4, "little")):
         raise CorruptFileError(key, "missing or damaged integrity trailer (truncated file?)")
@@ -499,6 +501,12 @@ def decompress(data: bytes, key: str, max_size: int = DEFAULT_MAX_DECODED_BYTES)
         raise CorruptFileError(key, f"damaged zstd frame: {exc}") from None
     if end != len(data):
         raise CorruptFileError(key, f"zstd frame is {end} bytes but the file has {len(data)}")
+    return data, size
+
+
+def decompress(data: bytes, key: str, max_size: int = DEFAULT_MAX_DECODED_BYTES) -> bytes:
+    """Bounded, strict zstd decode of one whole frame with its content checksum and trailer."""
+    data, size = _checked_frame(data, key, max_size)
     try:
         out = zstandard.ZstdDecompressor().decompress(data, max_output_size=max_size)
     except zstandard.ZstdError as exc:
@@ -546,6 +554,33 @@ def decode_text(text: bytes, key: str, stored_size: int) -> Record:
     return Record(header=header, body=body, stored_size=stored_size)
 
 
+# A header is its format fields, kinds, numbers, three hashes, the writer and the summary: a
+# few hundred bytes. How far `read_header` decodes looking for it before it decodes the whole.
+_HEADER_PEEK = 64 * 1024
+
+
+def read_header(data: bytes, key: str, max_size: int = DEFAULT_MAX_DECODED_BYTES) -> RecordHeader:
+    """A file's header, checked as `decode` checks it but without decoding its body.
+
+    For a caller that needs to know which record a file is (its hash, version, run), not its
+    state: the base check of a writer resuming an idle run, whose base may be a snapshot of
+    tens of megabytes. Every byte of the file is still checked against its trailer's sha256,
+    so what the header says is what the writer wrote; the body is neither decoded nor parsed
+    (its own sha256 is left to a load). Where the header is not found in the first
+    `_HEADER_PEEK` bytes decoded, or is not in the canonical layout, this is `decode` itself.
+    """
+    frame, _size = _checked_frame(data, key, max_size)
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(frame) as reader:
+            text = b""
+            while len(text) < _HEADER_PEEK and (chunk := reader.read(_HEADER_PEEK - len(text))):
+                text += chunk
+    except zstandard.ZstdError as exc:
+        raise CorruptFileError(key, f"zstd decode failed: {exc}") from None
+    header = _split_header(text)
+    return header if header is not None else decode(data, key, max_size).header
+
+
 def _chain_problem(header: RecordHeader) -> str | None:
     if header.kind == "journal" and header.hash != chain_hash(
         header.base_hash, header.body_sha256, header.version
@@ -573,8 +608,19 @@ def split_document(text: bytes) -> tuple[RecordHeader, memoryview] | None:
     The header ends at its first `,"body":`, or this returns None (a nested "body" key in
     the summary): inside JSON strings every quote is escaped, so it cannot end earlier.
     """
+    if not text.endswith(b"}"):
+        return None
+    header = _split_header(text)
+    if header is None:
+        return None
+    return header, memoryview(text)[len(_prefix(header)) : -1]
+
+
+def _split_header(text: bytes) -> RecordHeader | None:
+    """The header at the start of a document (`text` may be its first bytes only), checked as
+    `split_document` says; None if in doubt."""
     end = text.find(_BODY_KEY)
-    if end < 0 or not text.endswith(b"}"):
+    if end < 0:
         return None
     try:
         doc = json.loads(text[:end] + b"}")
@@ -592,7 +638,7 @@ def split_document(text: bytes) -> tuple[RecordHeader, memoryview] | None:
         return None
     if _chain_problem(header) is not None:
         return None
-    return header, memoryview(text)[len(prefix) : -1]
+    return header
 
 
 def body_ok(header: RecordHeader, body: memoryview) -> bool:

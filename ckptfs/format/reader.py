@@ -166,9 +166,23 @@ def decode_run_file(data: bytes, rf: RunFile, run_id: str,
     return check_placed(codec.decode(data, rf.key, max_decoded), rf, run_id)
 
 
+def read_run_header(data: bytes, rf: RunFile, run_id: str,
+                    max_decoded: int = codec.DEFAULT_MAX_DECODED_BYTES) -> codec.RecordHeader:
+    """`decode_run_file`'s header, without decoding the body (`codec.read_header`): which
+    record a file is, for a caller that does not need its state."""
+    header = codec.read_header(data, rf.key, max_decoded)
+    check_placed_header(header, rf, run_id)
+    return header
+
+
 def check_placed(rec: codec.Record, rf: RunFile, run_id: str) -> codec.Record:
     """`rec` if its header names the run, kind, version and base its key `rf` names."""
-    h = rec.header
+    check_placed_header(rec.header, rf, run_id)
+    return rec
+
+
+def check_placed_header(h: codec.RecordHeader, rf: RunFile, run_id: str) -> None:
+    """Raise unless the header names the run, kind, version and base its key `rf` names."""
     expected = RECORD_KIND[rf.kind]
     if h.kind != expected or h.run_id != run_id or h.version != rf.version or (
             rf.kind != "log" and h.base != rf.base):
@@ -178,7 +192,6 @@ def check_placed(rec: codec.Record, rf: RunFile, run_id: str) -> codec.Record:
                                          + case_twins_hint(run_id, [str(h.run_id)]))
     if rf.kind == "snap" and h.base_hash != h.hash:
         raise BrokenChainError(rf.key, "snapshot base_hash differs from its own hash")
-    return rec
 
 
 def collect_refs(body: Any, out: dict[str, ArtifactRef]) -> None:

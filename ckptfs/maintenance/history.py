@@ -29,7 +29,7 @@ from ckptfs.errors import CorruptFileError
 from ckptfs.format.codec import MAX_INT_DIGITS, json_problem
 from ckptfs.format.keys import RunFile, parse_run_key, run_prefix
 from ckptfs.format.models import AgentRun, ToolCall, validate_id
-from ckptfs.format.reader import decode_run_file
+from ckptfs.format.reader import read_run_header
 from ckptfs.storage.base import Storage
 from ckptfs.store.checkpoint_store import CheckpointStore
 from ckptfs.store.compactor import CompactionPolicy
@@ -99,11 +99,12 @@ def list_versions(storage: Storage, run_id: str, *, workers: int = 8,
         for rf in sorted(by_version[version], key=lambda f: _KIND_ORDER[f.kind]):
             try:
                 data = storage.get(rf.key)
-                rec = decode_run_file(data, rf, run_id)
+                # the header alone: every byte is still checked against the trailer, and a
+                # version that is a snapshot only is not decoded whole to say when it was written
+                h = read_run_header(data, rf, run_id)
             except (CorruptFileError, FileNotFoundError) as exc:
                 logger.info("run %s: %s unreadable: %s", run_id, rf.key, exc)
                 continue
-            h = rec.header
             s = h.summary or {}
             info.time, info.writer, info.bytes = h.time, h.writer, len(data)
             # the summary is free-form in the header: only the shapes this store writes count

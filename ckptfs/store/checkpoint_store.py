@@ -443,7 +443,8 @@ class CheckpointStore:
         acknowledged on a chain no load follows. A file that does not read is passed over
         (a damaged record beside a good snapshot is no missing base). The rare path of a
         fencing store's check (a head idle past half the fence time): a GET of the record,
-        or of the snapshot where retention took the record."""
+        or of the snapshot where retention took the record, whose header alone is read (a
+        snapshot of a long run is tens of megabytes to decode)."""
         def candidates() -> Iterator[str]:
             yield log_key(run_id, version)
             yield snap_key(run_id, version)
@@ -457,15 +458,15 @@ class CheckpointStore:
             rf = parse_run_key(key)
             try:
                 data = self.storage.get(key)
-                rec = self._loader.decode(rf, data, run_id) if rf is not None else None
+                header = self._loader.header(rf, data, run_id) if rf is not None else None
             except FileNotFoundError:
                 continue
             except CorruptFileError as exc:
                 logger.warning("run %s: %s does not read (%s); looking further for the base",
                                run_id, key, exc)
                 continue
-            if rec is not None:
-                return rec.header.hash == chain_hash
+            if header is not None:
+                return header.hash == chain_hash
         return False
 
     def _withdraw(self, key: str, data: bytes) -> None:

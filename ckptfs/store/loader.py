@@ -47,6 +47,7 @@ from ckptfs.format.reader import (
     decode_run_file,
     parse_step,
     plan_load,
+    read_run_header,
     skippable,
 )
 from ckptfs.storage.base import Storage
@@ -273,6 +274,9 @@ class RunLoader:
 
     def decode(self, rf: RunFile, data: bytes, run_id: str) -> codec.Record:
         return decode_run_file(data, rf, run_id, self.max_decoded)
+
+    def header(self, rf: RunFile, data: bytes, run_id: str) -> codec.RecordHeader:
+        return read_run_header(data, rf, run_id, self.max_decoded)
 
     def load(self, run_id: str, target: int | None, resolve: bool) -> Loaded | None:
         """The run at its newest valid version, or exactly at `target`; None if it has no files.
