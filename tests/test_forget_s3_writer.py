@@ -328,8 +328,10 @@ def test_a_snapshot_only_base_of_a_new_run_of_the_same_id_is_not_taken_for_ours(
         s3_url: str, s3_opts: dict[str, Any]) -> None:
     """As above, but every base is a snapshot alone (retention took the records once past the
     fence): the check found *a* snapshot at v3, the new run's, and A's v4 was acknowledged."""
-    policy = CompactionPolicy(background=False, min_snapshot_bytes=0, keep_last=1, fence_seconds=1.0,
-                              superseded_grace=0.0)
+    # a snapshot at every version (snapshot_ratio ~0): which version the size rule would pick
+    # turns on a few bytes of compressed timestamps
+    policy = CompactionPolicy(background=False, min_snapshot_bytes=0, snapshot_ratio=1e-9, keep_last=1,
+                              fence_seconds=1.0, superseded_grace=0.0)
 
     def snapshot_only(goal: str) -> None:
         with CheckpointStore(s3_url, s3_opts, policy=policy) as w:
@@ -361,7 +363,7 @@ def test_a_damaged_base_record_beside_a_good_snapshot_does_not_block_commits(
         s3_url: str, s3_opts: dict[str, Any]) -> None:
     """One flipped byte in log v3, snap v3 intact: the load reads the snapshot, and the
     idle writer's check took the damaged record for a missing base, on every reload."""
-    policy = CompactionPolicy(background=False, min_snapshot_bytes=0, fence_seconds=2.0)
+    policy = CompactionPolicy(background=False, min_snapshot_bytes=0, snapshot_ratio=1e-9, fence_seconds=2.0)
     with CheckpointStore(s3_url, s3_opts, policy=policy) as w:
         _commit_versions(w, _run(), 3)
         assert w.storage.exists("runs/r/snap/000000000003.ckpt")

@@ -372,7 +372,9 @@ def test_records_below_the_newest_snapshot_are_used_when_it_does_not_load(
         store.commit(run, [_finish(run, sid, "x" * 400)])
     store.close()
     snaps = sorted((tmp_path / "store" / "runs" / RUN / "snap").iterdir())
-    assert snaps and snaps[0].name > "000000000002.ckpt", snaps  # records below the oldest
+    # records below the oldest (it is at v3 most times, at v2 where compressed timestamps
+    # come out a few bytes larger: compaction is scheduled by bytes)
+    assert snaps and int(snaps[0].stem) >= 2, snaps
     assert (tmp_path / "store" / "runs" / RUN / "log" / "000000000001.ckpt").exists()
     fresh = CheckpointStore(url)
     assert fresh.load_run(RUN) == run
