@@ -4,13 +4,15 @@ A writer resuming an idle run on S3 checks, after its PUT, that the version it b
 one it loaded: it compares that file's header hash with its head's. Where retention left only a
 snapshot there, the check used to decode the whole snapshot (measured last session: 150,000 steps
 took 2.1 s and 316 MB above the load's peak) to read a few hundred bytes of header. These tests
-pin that the header read checks every byte of the file, never parses the body, agrees with a full
-decode on every file the store writes, and is what the base check uses.
+pin that the header read checks every byte of the file and the body's sha256 (a piece at a time),
+never parses the body, agrees with a full decode on every file the store writes, and is what the
+base check uses.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import subprocess
 import sys
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zstandard
 
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
 from ckptfs.errors import CorruptFileError, MisplacedFileError
@@ -80,10 +83,39 @@ def test_every_flipped_byte_is_refused_though_the_body_is_not_read() -> None:
             codec.read_header(data[:cut], "k")
 
 
+def _framed(text: bytes) -> bytes:
+    """A document framed as the store frames it (zstd with size and checksum, then the
+    skippable-frame trailer holding the sha256 of the frame), whatever the document says: how
+    a file that passes every byte check yet disagrees with its own header is made."""
+    frame = zstandard.ZstdCompressor(write_checksum=True, write_content_size=True).compress(text)
+    trailer = (0x184D2A5C).to_bytes(4, "little") + (32).to_bytes(4, "little") + hashlib.sha256(frame).digest()
+    return frame + trailer
+
+
+def test_a_body_that_does_not_hash_to_its_header_is_refused_as_decode_refuses_it() -> None:
+    """Every byte check holds (the trailer was made for these bytes: a writer's bug, or a file
+    made by hand), the body is not the one the header names. The header read decodes and
+    hashes the body a piece at a time: it refuses the file as a full decode does. (Found by a
+    review: an idle writer's base check that read the header alone took such a snapshot for
+    its base and acknowledged a commit no load returned.)"""
+    good = codec.dumps({"run": {"goal": "g"}, "steps": {f"s{i}": "x" * 3000 for i in range(1000)}})
+    header = _header(good)  # a 3 MB body: read in pieces
+    document = codec.decompress(codec.encode(header, good), "k")
+    assert codec.read_header(_framed(document), "k") == header
+    prefix = document[: len(document) - len(good) - 1]
+    for body in (good[:-1] + b" ", good.replace(b"x", b"y", 1), b'"other"', b""):
+        for text in (prefix + body + b"}", prefix + body + b" "):
+            data = _framed(text)
+            with pytest.raises(CorruptFileError):
+                codec.decode(data, "k")
+            with pytest.raises(CorruptFileError, match=r"body sha256 does not match|not canonical"):
+                codec.read_header(data, "k")
+
+
 def test_a_body_that_would_not_parse_is_not_parsed() -> None:
     """A body that is not JSON at all, under a header whose sha256 names it: a full decode
-    refuses the file, the header read returns the header. So the body is neither parsed nor
-    hashed: what the base check of a large snapshot is spared."""
+    refuses the file, the header read returns the header. So the body is hashed, never
+    parsed: what the base check of a large snapshot is spared."""
     body = b"{" * 200_000 + b" not json"
     header = _header(body)
     data = codec.encode(header, body)
@@ -147,7 +179,7 @@ def test_an_idle_s3_writer_checks_a_large_snapshot_base_by_its_header(
     """Over the embedded S3 server: a run of 3,000 steps (10.6 MB decoded) whose records
     retention took, so its base is the snapshot alone. A writer resumes it past half its fence,
     so its first commit checks that base after the PUT. Measured in the writer's process: that
-    commit's peak was 34 MB with a full decode of the snapshot, 0.48 MB with its header read.
+    commit's peak was 34 MB with a full decode of the snapshot, 0.89 MB with its header read.
     (That a new run of the same id is still told apart by the header's hash is
     test_forget_s3_writer's snapshot-only test, which goes through this same read.)"""
     policy = CompactionPolicy(background=False, min_snapshot_bytes=0, keep_last=1, fence_seconds=1.0,

@@ -555,30 +555,48 @@ def decode_text(text: bytes, key: str, stored_size: int) -> Record:
 
 
 # A header is its format fields, kinds, numbers, three hashes, the writer and the summary: a
-# few hundred bytes. How far `read_header` decodes looking for it before it decodes the whole.
+# few hundred bytes. How far `read_header` decodes looking for it before it decodes the whole;
+# then the piece of the body it decodes, hashes and drops at a time.
 _HEADER_PEEK = 64 * 1024
+_BODY_PIECE = 256 * 1024
 
 
 def read_header(data: bytes, key: str, max_size: int = DEFAULT_MAX_DECODED_BYTES) -> RecordHeader:
-    """A file's header, checked as `decode` checks it but without decoding its body.
+    """A file's header, once every check `decode` makes but the parse of the body holds.
 
     For a caller that needs to know which record a file is (its hash, version, run), not its
     state: the base check of a writer resuming an idle run, whose base may be a snapshot of
-    tens of megabytes. Every byte of the file is still checked against its trailer's sha256,
-    so what the header says is what the writer wrote; the body is neither decoded nor parsed
-    (its own sha256 is left to a load). Where the header is not found in the first
-    `_HEADER_PEEK` bytes decoded, or is not in the canonical layout, this is `decode` itself.
+    tens of megabytes, and `versions`. The body is decoded and hashed against the header's
+    `body_sha256` a quarter megabyte at a time and dropped, so a file this accepts is one a load
+    decodes, but neither the decoded document nor the parsed state is ever held: a full
+    decode holds both. Where the header is not found in the first `_HEADER_PEEK` bytes
+    decoded, or is not in the canonical layout, this is `decode` itself.
     """
-    frame, _size = _checked_frame(data, key, max_size)
+    frame, size = _checked_frame(data, key, max_size)
     try:
         with zstandard.ZstdDecompressor().stream_reader(frame) as reader:
             text = b""
             while len(text) < _HEADER_PEEK and (chunk := reader.read(_HEADER_PEEK - len(text))):
                 text += chunk
+            header = _split_header(text)
+            if header is None:
+                return decode(data, key, max_size).header
+            digest, decoded = hashlib.sha256(), len(text)
+            pending = text[len(_prefix(header)):]  # held back: its last byte closes the document
+            while chunk := reader.read(_BODY_PIECE):
+                digest.update(pending)
+                decoded += len(chunk)
+                pending = chunk
     except zstandard.ZstdError as exc:
         raise CorruptFileError(key, f"zstd decode failed: {exc}") from None
-    header = _split_header(text)
-    return header if header is not None else decode(data, key, max_size).header
+    if decoded != size:
+        raise CorruptFileError(key, f"decoded {decoded} bytes, header declared {size}")
+    if not pending.endswith(b"}"):
+        raise CorruptFileError(key, "document layout is not canonical")
+    digest.update(pending[:-1])
+    if digest.hexdigest() != header.body_sha256:
+        raise CorruptFileError(key, "body sha256 does not match")
+    return header
 
 
 def _chain_problem(header: RecordHeader) -> str | None:

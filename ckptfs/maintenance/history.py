@@ -99,8 +99,8 @@ def list_versions(storage: Storage, run_id: str, *, workers: int = 8,
         for rf in sorted(by_version[version], key=lambda f: _KIND_ORDER[f.kind]):
             try:
                 data = storage.get(rf.key)
-                # the header alone: every byte is still checked against the trailer, and a
-                # version that is a snapshot only is not decoded whole to say when it was written
+                # the header, with every check but the parse of the body: a version that is
+                # a snapshot only is not parsed whole to say when it was written
                 h = read_run_header(data, rf, run_id)
             except (CorruptFileError, FileNotFoundError) as exc:
                 logger.info("run %s: %s unreadable: %s", run_id, rf.key, exc)

@@ -443,8 +443,8 @@ class CheckpointStore:
         acknowledged on a chain no load follows. A file that does not read is passed over
         (a damaged record beside a good snapshot is no missing base). The rare path of a
         fencing store's check (a head idle past half the fence time): a GET of the record,
-        or of the snapshot where retention took the record, whose header alone is read (a
-        snapshot of a long run is tens of megabytes to decode)."""
+        or of the snapshot where retention took the record, whose body is hashed in pieces,
+        never parsed (a snapshot of a long run is tens of megabytes decoded)."""
         def candidates() -> Iterator[str]:
             yield log_key(run_id, version)
             yield snap_key(run_id, version)
