@@ -486,3 +486,58 @@ def test_a_writer_refused_for_a_forgotten_base_does_not_retry_into_the_new_run(
         assert loaded is not None and loaded.goal == "B's job" and fresh.last_load is not None
         assert fresh.last_load.version == 3 and loaded.steps["s2"].result is None
         assert fresh.get_tool_call_history("r", "s2") == []
+
+
+# ------------------------------------------------------------ left open by the third re-read
+
+
+def test_a_withdrawal_that_fails_still_refuses_and_no_retry_builds_on_the_new_run(s3: EmbeddedS3) -> None:
+    """As above, A's paid call returns into a run forgotten and started again by B; the check
+    refuses it, and the GET of A's withdrawal is refused (403). That storage error was raised
+    in place of BaseRemovedError, and A's retry, as a caller retries a storage error, reloaded
+    the id and appended A's call to B's run, acknowledged. The refusal now stands: A's record
+    stays at v4 (no load follows it) and B's run goes on past it."""
+    url, opts = s3.url("withdraw-fails"), s3.storage_options
+    policy = CompactionPolicy(fence_seconds=2.0)
+    put4, denied = threading.Event(), threading.Event()
+
+    def rule(req: Request) -> Fault | None:  # the withdrawal's GET of A's own v4, once
+        path = req.path.split("?")[0]
+        if req.method == "PUT" and path.endswith("log/000000000004.ckpt"):
+            put4.set()
+        elif put4.is_set() and not denied.is_set() and req.method == "GET" \
+                and path.endswith("log/000000000004.ckpt"):
+            denied.set()
+            return Fault(status=403, code="AccessDenied")
+        return None
+
+    with FaultProxy(s3.endpoint, rule) as proxy, CheckpointStore(
+            url, _proxied(opts, proxy.endpoint), policy=policy) as a:
+        run_a = _run()
+        run_a.goal = "A's job"
+        _commit_versions(a, run_a, 3)
+        time.sleep(1.3)
+        with CheckpointStore(url, opts) as operator:
+            assert forget(operator.storage, "r", fence_seconds=1.0).deleted
+        with CheckpointStore(url, opts) as b:
+            run_b = _run()
+            run_b.goal = "B's job"
+            _commit_versions(b, run_b, 3)
+        call = ToolCall(id="k1", tool_name="pay", arguments={"amount": 100}, result="A paid 100",
+                        timestamp=0.0)
+        with pytest.raises(RunNotFoundError, match="forgotten"):
+            a.log_tool_call("r", "s2", call)  # was: StorageUnavailableError (access refused)
+        assert denied.is_set()
+        with pytest.raises(RunNotFoundError, match="forgotten"):
+            a.log_tool_call("r", "s2", call)  # the caller's retry: was v5 of B's run, acknowledged
+    with CheckpointStore(url, opts) as b:
+        assert b.storage.exists("runs/r/log/000000000004.ckpt")  # A's, not withdrawn
+        loaded = b.load_run("r")
+        assert loaded is not None and loaded.goal == "B's job" and b.last_load is not None
+        assert b.last_load.version == 3 and b.get_tool_call_history("r", "s2") == []
+        loaded.steps["s2"].status, loaded.steps["s2"].result = StepStatus.COMPLETED, "B's result"
+        assert b.commit(loaded, [loaded.steps["s2"]]) == 5  # past A's record
+    with CheckpointStore(url, opts) as fresh:
+        again = fresh.load_run("r")
+        assert again is not None and again.goal == "B's job" and again.steps["s2"].result == "B's result"
+        assert fresh.get_tool_call_history("r", "s2") == []

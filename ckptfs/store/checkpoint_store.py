@@ -352,10 +352,6 @@ class CheckpointStore:
             else:
                 base_ok = base_seen or (base_check.result() if base_check is not None
                                         else self._base_exists(run_id, head.version))  # snapshot, delta
-            if not base_ok:
-                # A writer whose head is older than the oldest kept snapshot (or than a forget)
-                # just re-created a removed version: withdraw what we wrote.
-                self._withdraw(key, data)
         except BaseException:
             # The record may be stored while its base is unknown (the check failed: a 503, a
             # dropped connection): the head is dropped, so the next call reloads and sees
@@ -363,8 +359,20 @@ class CheckpointStore:
             self._forget(run_id)
             raise
         if not base_ok:
+            # A writer whose head is older than the oldest kept snapshot (or than a forget)
+            # just re-created a removed version: withdraw what we wrote.
             self._gone[run_id] = _birth(head)
             self._forget(run_id)
+            try:
+                self._withdraw(key, data)
+            except Exception as exc:
+                # The refusal stands whatever became of the record: raised as the storage
+                # error, a retry reloaded the id (after a forget, perhaps a new run of it)
+                # and built on that. The record stays; no load follows it past its missing
+                # base, and a new run of the id commits past it.
+                logger.warning("run %s: %s could not be withdrawn (%s); it stays, a record no "
+                               "load follows (`ckptfs verify` names it)", run_id, key, exc)
+                raise BaseRemovedError(run_id, version, head.version) from exc
             raise BaseRemovedError(run_id, version, head.version)
         plain = {sid: mj for sid in changes.steps
                  if (mj := head.steps_cmp.get(sid)) is not None and not codec.is_packed(mj)}
