@@ -366,10 +366,10 @@ class CheckpointStore:
             try:
                 self._withdraw(key, data)
             except Exception as exc:
-                # The refusal stands whatever became of the record: raised as the storage
-                # error, a retry reloaded the id (after a forget, perhaps a new run of it)
-                # and built on that. The record stays; no load follows it past its missing
-                # base, and a new run of the id commits past it.
+                # The refusal stands whatever became of the record. Raised as the storage
+                # error, it invited a retry, which reloaded the id (after a forget, perhaps a
+                # new run of it) and built on that. The record stays: no load follows it past
+                # its missing base, and a new run of the id commits past it.
                 logger.warning("run %s: %s could not be withdrawn (%s); it stays, a record no "
                                "load follows (`ckptfs verify` names it)", run_id, key, exc)
                 raise BaseRemovedError(run_id, version, head.version) from exc
