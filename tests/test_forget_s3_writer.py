@@ -541,3 +541,97 @@ def test_a_withdrawal_that_fails_still_refuses_and_no_retry_builds_on_the_new_ru
         again = fresh.load_run("r")
         assert again is not None and again.goal == "B's job" and again.steps["s2"].result == "B's result"
         assert fresh.get_tool_call_history("r", "s2") == []
+
+
+# ------------------------------------------------------------- found by the fourth hostile re-read
+
+
+def _forgotten_and_overtaken(url: str, opts: dict[str, Any] | None, a: CheckpointStore) -> AgentRun:
+    """A commits v1, v2 of its run and goes idle; the run is forgotten (--force) and job B
+    starts it again under the id, up to v3: past A's next version, so A's next PUT collides
+    with B's record before any base check could run. A's run object."""
+    run_a = _run()
+    run_a.goal = "A's job"
+    _commit_versions(a, run_a, 2)
+    time.sleep(1.3)
+    with CheckpointStore(url, opts) as operator:
+        assert forget(operator.storage, "r", force=True).deleted
+    with CheckpointStore(url, opts) as b:
+        run_b = _run()
+        run_b.goal = "B's job"
+        _commit_versions(b, run_b, 3)
+    return run_a
+
+
+def _b_untouched(url: str, opts: dict[str, Any] | None) -> None:
+    with CheckpointStore(url, opts) as fresh:
+        loaded = fresh.load_run("r")
+        assert loaded is not None and loaded.goal == "B's job" and fresh.last_load is not None
+        assert fresh.last_load.version == 3 and loaded.steps["s2"].result is None
+        assert fresh.get_tool_call_history("r", "s1") == []
+
+
+@pytest.mark.parametrize("where", ["s3", "local"])
+def test_a_lost_race_against_a_new_run_of_the_id_does_not_rebase_a_paid_call_into_it(
+        where: str, s3_url: str, s3_opts: dict[str, Any], tmp_path: Path) -> None:
+    """A's paid call returns; its PUT of v3 collides with B's v3 (ConflictError before the
+    base check), and `log_tool_call`'s rebase, taking it for a lost race, reloaded B's run and
+    appended A's call there, acknowledged (the review's repro, 3 of 3). The dropped head now
+    remembers which run it was: the reload finds another, RunNotFoundError, nothing written."""
+    url, opts = (s3_url, s3_opts) if where == "s3" else (str(tmp_path / "store"), None)
+    with CheckpointStore(url, opts, policy=CompactionPolicy(fence_seconds=2.0)) as a:
+        _forgotten_and_overtaken(url, opts, a)
+        call = ToolCall(id="k1", tool_name="charge_card", arguments={"usd": 50}, result="ok",
+                        timestamp=0.0)
+        for _attempt in range(2):  # and the caller's retry
+            with pytest.raises(RunNotFoundError, match="forgotten"):
+                a.log_tool_call("r", "s1", call)  # was: acknowledged as v4 of B's run
+        assert a.get_tool_call_history("r", "s1") == []  # a read of the id holds B's run
+        with pytest.raises(RunNotFoundError, match="forgotten"):
+            a.log_tool_call("r", "s1", call)  # the read did not make B's run A's
+    _b_untouched(url, opts)
+
+
+@pytest.mark.parametrize("where", ["s3", "local"])
+def test_a_commit_retried_after_a_conflict_with_a_new_run_of_the_id_is_refused(
+        where: str, s3_url: str, s3_opts: dict[str, Any], tmp_path: Path) -> None:
+    """A's commit meets B's v3: ConflictError ("reload the run"). A retried the commit of its
+    run object without a reload, and it was acknowledged as v4: A's goal and result over B's
+    acknowledged state. Now RunNotFoundError until A loads the id."""
+    url, opts = (s3_url, s3_opts) if where == "s3" else (str(tmp_path / "store"), None)
+    with CheckpointStore(url, opts, policy=CompactionPolicy(fence_seconds=2.0)) as a:
+        run_a = _forgotten_and_overtaken(url, opts, a)
+        run_a.steps["s1"].status, run_a.steps["s1"].result = StepStatus.COMPLETED, "A's result"
+        with pytest.raises(ConflictError):
+            a.commit(run_a, [run_a.steps["s1"]])
+        with pytest.raises(RunNotFoundError, match="forgotten"):
+            a.commit(run_a, [run_a.steps["s1"]])  # was: v4, B's run overwritten with A's
+        _b_untouched(url, opts)
+        reloaded = a.load_run("r")  # the caller's own load: A now works on B's run, knowingly
+        assert reloaded is not None and reloaded.goal == "B's job"
+        reloaded.steps["s2"].status, reloaded.steps["s2"].result = StepStatus.COMPLETED, "on B's"
+        assert a.commit(reloaded, [reloaded.steps["s2"]]) == 4
+
+
+def test_a_lost_race_within_one_run_whose_goal_another_writer_changed_still_rebases(
+        s3_url: str, s3_opts: dict[str, Any]) -> None:
+    """The other side of the guard: two writers of one run, B changes the goal (its record is
+    the run's, built on A's base). A's tool-log append loses the race, catches up or reloads,
+    and lands: a changed goal alone is no new run."""
+    with CheckpointStore(s3_url, s3_opts) as a, CheckpointStore(s3_url, s3_opts) as b:
+        run_a = _run()
+        _commit_versions(a, run_a, 2)
+        run_b = b.load_run("r")
+        assert run_b is not None
+        run_b.goal = "a better goal"
+        run_b.steps["s1"].status, run_b.steps["s1"].result = StepStatus.COMPLETED, "by B"
+        assert b.commit(run_b, [run_b.steps["s1"]]) == 3
+        run_a.steps["s2"].status, run_a.steps["s2"].result = StepStatus.COMPLETED, "by A"
+        with pytest.raises(ConflictError):
+            a.commit(run_a, [run_a.steps["s2"]])  # A's plain commit: reload first, as before
+        call = ToolCall(id="k2", tool_name="search", arguments={}, result="r", timestamp=0.0)
+        assert a.log_tool_call("r", "s2", call) == 4
+    with CheckpointStore(s3_url, s3_opts) as fresh:
+        loaded = fresh.load_run("r")
+        assert loaded is not None and loaded.goal == "a better goal"
+        assert [c.id for c in fresh.get_tool_call_history("r", "s2")] == ["k2"]

@@ -32,7 +32,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 from pydantic import ValidationError
 
@@ -105,6 +105,18 @@ MAX_IDLE = 10 * 365 * 86400.0  # how old a loaded head is taken to be when its t
 
 
 
+class _Dropped(NamedTuple):
+    """A head this store dropped because the stored run moved where it could not follow (a
+    lost race it could not catch up with, a base found gone): which run it was (`_birth`) and
+    the version and hash it stood on, so that the reload can tell the same run gone on from
+    another run started under the id after a forget."""
+
+    birth: tuple[Any, ...]
+    version: int
+    hash: str
+    base_gone: bool  # the base check found it gone: no need to look again
+
+
 def _birth(head: Head) -> tuple[Any, ...]:
     """Which run a head is of, beyond its id: a forgotten run started again under the same id
     has another creation time (and goal), which a retry after a lost base must not write into.
@@ -161,9 +173,9 @@ class CheckpointStore:
         self._values = ValuePlanner(self.artifacts, artifact_threshold)
         self.writer_id = _writer_id()
         self._heads: dict[str, Head] = {}
-        # Runs whose base this store found gone (BaseRemovedError), with which run they were
-        # (`_birth`): a reload that finds another run under the id is refused (`_head`).
-        self._gone: dict[str, tuple[Any, ...]] = {}
+        # Runs whose head this store dropped on a conflict or a base found gone, with which
+        # run they were: a reload that finds another run under the id is refused (`_head`).
+        self._gone: dict[str, _Dropped] = {}
         self._locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
         self._compactor = Compactor(self.policy, self.storage, self._encode)
@@ -247,19 +259,38 @@ class CheckpointStore:
                 self._compactor.submit("init", (run_id, RunCompaction(Changes(), 0, "", 0)))
             else:
                 head = self._heads[run_id]
-            gone = self._gone.pop(run_id, None)
-            if gone is not None and head.version and _birth(head) != gone:
-                # The base was gone and the reload finds another run under the id: the run was
-                # forgotten and started again by another job. A retry (a
-                # tool-log append, a commit of the caller's run object) would put this
-                # writer's paid calls and results into that run. The caller's own load_run
-                # of the id is what ends this.
-                self._gone[run_id] = gone
-                self._heads.pop(run_id, None)
-                raise RunNotFoundError(f"run {run_id!r} was forgotten while this writer held it; "
-                                       "nothing was written (the id may now hold another run: "
-                                       "load_run it to work on that one)")
+        if run_id in self._gone:  # one lookup per commit; rare: after a dropped head
+            self._check_lineage(run_id, head)
         return head
+
+    def _check_lineage(self, run_id: str, head: Head) -> None:
+        """After this store dropped its head (`_drop`), whether the head it holds now (reloaded
+        for a retry, or by a read meanwhile) is still the run it wrote to. If the run was
+        forgotten and started again by another job, a retry (a tool-log append, a commit of
+        the caller's run object) would put this writer's paid calls and results into that
+        run: refused until the caller's own load_run of the id. Another creation time or goal
+        is the sign; where the goal alone changed (another writer's commit may change it),
+        the version the dropped head stood on must still be this chain's (`_base_is_ours`)."""
+        gone = self._gone.pop(run_id)
+        if not head.version or _birth(head) == gone.birth:
+            return
+        if not gone.base_gone and (gone.birth[0] == _birth(head)[0]
+                                   and self._base_is_ours(run_id, gone.version, gone.hash)):
+            return
+        self._gone[run_id] = gone
+        self._heads.pop(run_id, None)
+        raise RunNotFoundError(f"run {run_id!r} was forgotten while this writer held it; "
+                               "nothing was written (the id may now hold another run: "
+                               "load_run it to work on that one)")
+
+    def _drop(self, run_id: str, *, base_gone: bool = False) -> None:
+        """`_forget` the head after a conflict or a base found gone, remembering which run it
+        was for `_check_lineage`. A head of no version has no lineage to protect: two writers
+        creating the same id race as before."""
+        head = self._heads.get(run_id)
+        if head is not None and head.version:
+            self._gone[run_id] = _Dropped(_birth(head), head.version, head.hash, base_gone)
+        self._forget(run_id)
 
     def _commit(self, run_id: str, changes: Changes, *, run: AgentRun | None,
                 changed_steps: list[Step], removed: Iterable[str] = (),
@@ -339,7 +370,7 @@ class CheckpointStore:
                     "directory of that name), and no load can see it; move it out of the store, "
                     "then commit again (nothing was written)")) from None
             if not rebase:
-                self._forget(run_id)
+                self._drop(run_id)
             raise ConflictError(run_id, version, "reload the run to continue from the newest "
                                 "version") from None
         if not check_base and fenced and head.unconfirmed_for() >= half:
@@ -356,13 +387,12 @@ class CheckpointStore:
             # The record may be stored while its base is unknown (the check failed: a 503, a
             # dropped connection): the head is dropped, so the next call reloads and sees
             # whether it landed, instead of taking its own record for another writer's.
-            self._forget(run_id)
+            self._drop(run_id)
             raise
         if not base_ok:
             # A writer whose head is older than the oldest kept snapshot (or than a forget)
             # just re-created a removed version: withdraw what we wrote.
-            self._gone[run_id] = _birth(head)
-            self._forget(run_id)
+            self._drop(run_id, base_gone=True)
             try:
                 self._withdraw(key, data)
             except Exception as exc:
@@ -524,14 +554,14 @@ class CheckpointStore:
         """After a lost race: bring the head up to the records that won, or drop it to reload."""
         head = self._heads.get(run_id)
         if head is not None and (head.branching or not self._catch_up(head)):
-            self._forget(run_id)
+            self._drop(run_id)
 
     def _head_for_shared_commit(self, run_id: str) -> Head:
         """The head, first caught up if others commit to this run too: one LIST instead of a
         commit that fails on a version someone took meanwhile, then the same catching up."""
         head = self._head(run_id)
         if head.shared and not head.branching and self._catch_up(head) is None:
-            self._forget(run_id)
+            self._drop(run_id)
             head = self._head(run_id)
         return head
 
