@@ -17,6 +17,7 @@ from _privileges import drop_dac
 from test_cli_commands import CLI, QUIET_CWD, cli
 
 from ckptfs import AgentRun, CheckpointStore, Step, StepStatus
+from ckptfs.errors import CheckpointCorruptError
 
 pristine, store = _cli_store.pristine, _cli_store.store  # fixtures: the store, a copy per test
 
@@ -46,8 +47,19 @@ def test_an_unreadable_version_is_no_restore_point(store: Path) -> None:
     v17 = next(v for v in doc["versions"] if v["version"] == 17)
     assert v17["readable"] is False and v17["restore_point"] is False
     assert 17 not in doc["restore_points"]
+    # the points are exactly the versions a load reaches: every one before v17 (a chain from
+    # v0 and snapshots 3..15), where by names only v15 and v16 (from the newest snapshot) were
+    loads = CheckpointStore(str(store))
+    for v in (i["version"] for i in doc["versions"]):
+        try:
+            loads.load_run(RUN, version=v)
+        except CheckpointCorruptError:
+            assert v not in doc["restore_points"], v
+        else:
+            assert v in doc["restore_points"], v
+    assert doc["restore_points"] == list(range(1, 17)), doc["restore_points"]
     code, out, _ = cli("versions", str(store), RUN)
-    assert code == 0 and "a restore can target 2: v15, v16" in out, out
+    assert code == 0 and "a restore can target 16: v1" in out, out
 
 
 def test_no_warning_claims_a_version_the_load_did_not_end_at(store: Path) -> None:

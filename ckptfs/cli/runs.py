@@ -409,7 +409,6 @@ def cmd_versions(args: argparse.Namespace) -> int:
     from ckptfs.format.keys import blocked_run_dirs, not_a_directory, run_prefix
     from ckptfs.format.models import validate_id
     from ckptfs.maintenance.history import list_versions
-    from ckptfs.replication.restore import restore_points
     from ckptfs.store.retention import keeps_fences
 
     validate_id(args.run_id, "run id")
@@ -422,18 +421,15 @@ def cmd_versions(args: argparse.Namespace) -> int:
     # and the table would say "a restore can target v15" of a run whose log/ held v16 and v17
     blocked = blocked_run_dirs(keys)
     unread = f"{not_a_directory(blocked)}: the versions stored there are not listed" if blocked else None
-    # by file names; a version none of whose files decodes is no target (the restore would fail)
-    unreadable = {i.version for i in infos if not i.readable}
-    points = set(restore_points(storage, args.run_id, keys=keys)) - unreadable
-    for i in infos:
-        i.restore_point = i.version in points
+    # what a load of exactly that version reaches through files that read (list_versions)
+    points = {i.version for i in infos if i.restore_point}
     # A journal record below the oldest snapshot is a fence retention keeps on a remote store
-    # for a while (store/retention.py): listed, not restorable. A store that keeps no fences
-    # (local disk deletes pruned records at once) has none: its early records are history
-    # that retention has not pruned (a store that never ran it showed v1 and v2 as fences).
+    # for a while (store/retention.py), then deletes: a restore point only while the chain up
+    # to it is still whole (the oldest fences go first). A store that keeps no fences (local
+    # disk deletes pruned records at once) has none: its early records are history that
+    # retention has not pruned (a store that never ran it showed v1 and v2 as fences).
     oldest = min((i.version for i in infos if "snap" in i.kinds), default=0)
-    fences = {i.version for i in infos
-              if i.kinds == ["log"] and i.version < oldest and not i.restore_point} \
+    fences = {i.version for i in infos if i.kinds == ["log"] and i.version < oldest} \
         if keeps_fences(storage) else set()
     if args.json:
         emit_json({"url": storage.display_url, "run_id": args.run_id,

@@ -17,7 +17,7 @@ import bisect
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -173,6 +173,25 @@ def read_run_header(data: bytes, rf: RunFile, run_id: str,
     header = codec.read_header(data, rf.key, max_decoded)
     check_placed_header(header, rf, run_id)
     return header
+
+
+def loadable_versions(headers: Mapping[RunFile, codec.RecordHeader | None]) -> set[int]:
+    """The versions a load of exactly that version reaches (`plan_load` with `exact`), from the
+    run's files' headers (None: a file that does not read): what a restore can target.
+
+    By names alone (`RunIndex.name_path`), only the chain from the newest snapshot counted:
+    `versions` offered a point whose snapshot was damaged (the restore failed) and hid older
+    ones that load. Here a version counts when a chain of readable files joins it to a readable
+    snapshot or to version 0, each record's base and base hash matching what precedes it: the
+    rule `follow` walks. One pass in version order (a record's base is always below it).
+    """
+    reach = {(0, "")}
+    reach.update((h.version, h.hash) for rf, h in headers.items() if h is not None and rf.kind == "snap")
+    records = [h for rf, h in headers.items() if h is not None and rf.kind != "snap"]
+    for h in sorted(records, key=lambda rec: rec.version):
+        if (h.base, h.base_hash) in reach:
+            reach.add((h.version, h.hash))
+    return {version for version, _hash in reach if version > 0}
 
 
 def check_placed(rec: codec.Record, rf: RunFile, run_id: str) -> codec.Record:

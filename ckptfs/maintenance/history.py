@@ -25,15 +25,14 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-from ckptfs.errors import CorruptFileError
 from ckptfs.format.codec import MAX_INT_DIGITS, json_problem
 from ckptfs.format.keys import RunFile, parse_run_key, run_prefix
 from ckptfs.format.models import AgentRun, ToolCall, validate_id
-from ckptfs.format.reader import read_run_header
+from ckptfs.format.reader import loadable_versions
 from ckptfs.storage.base import Storage
 from ckptfs.store.checkpoint_store import CheckpointStore
 from ckptfs.store.compactor import CompactionPolicy
-from ckptfs.store.pools import StorePool
+from ckptfs.store.loader import read_headers
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +70,7 @@ class VersionInfo:
     total: int | None = None
     bytes: int = 0
     readable: bool = True  # False: every file of this version failed to decode (verify says why)
-    restore_point: bool | None = None  # filled in by the caller for mirrors
+    restore_point: bool | None = None  # a restore (a load of exactly this version) reaches it
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": self.version, "kinds": self.kinds, "time": self.time, "writer": self.writer,
@@ -82,48 +81,39 @@ class VersionInfo:
 
 def list_versions(storage: Storage, run_id: str, *, workers: int = 8,
                   keys: list[str] | None = None) -> list[VersionInfo]:
-    """Every version a run's files end at, oldest first, with time and progress from headers.
+    """Every version a run's files end at, oldest first, with time and progress from headers,
+    and whether a restore can target it (`reader.loadable_versions`).
 
-    One file per version is decoded (the journal record if there is one: the smallest), in
-    parallel on remote backends, so the cost is one GET per version, not a state rebuild each.
+    Every file's header is read (`read_headers`: in parallel on remote backends, the body
+    hashed, never parsed), so the cost is one GET per file, not a state rebuild per version.
+    A version's time and progress are those of its first file that reads, the journal record
+    first (the smallest).
     """
     files = run_files(storage, run_id, keys)
+    headers = read_headers(storage, run_id, files, workers)
     by_version: dict[int, list[RunFile]] = {}
     for rf in files:
         by_version.setdefault(rf.version, []).append(rf)
-    infos = {v: VersionInfo(v, sorted({f.kind for f in fs}, key=_KIND_ORDER.__getitem__))
-             for v, fs in by_version.items()}
-
-    def describe(version: int) -> None:
-        info = infos[version]
-        for rf in sorted(by_version[version], key=lambda f: _KIND_ORDER[f.kind]):
-            try:
-                data = storage.get(rf.key)
-                # the header, with every check but the parse of the body: a version that is
-                # a snapshot only is not parsed whole to say when it was written
-                h = read_run_header(data, rf, run_id)
-            except (CorruptFileError, FileNotFoundError) as exc:
-                logger.info("run %s: %s unreadable: %s", run_id, rf.key, exc)
-                continue
+    points = loadable_versions({rf: got[0] if got else None for rf, got in headers.items()})
+    infos: list[VersionInfo] = []
+    for version in sorted(by_version):
+        fs = sorted(by_version[version], key=lambda f: _KIND_ORDER[f.kind])
+        info = VersionInfo(version, sorted({f.kind for f in fs}, key=_KIND_ORDER.__getitem__),
+                           restore_point=version in points)
+        got = next((g for f in fs if (g := headers[f]) is not None), None)
+        if got is None:
+            info.readable = False
+        else:
+            h, info.bytes = got
             s = h.summary or {}
-            info.time, info.writer, info.bytes = h.time, h.writer, len(data)
+            info.time, info.writer = h.time, h.writer
             # the summary is free-form in the header: only the shapes this store writes count
             status = s.get("status")
             info.status = status if isinstance(status, str) else None
             info.completed, info.failed, info.total = (_count(s.get(k))
                                                        for k in ("completed", "failed", "total"))
-            return
-        info.readable = False
-
-    versions = sorted(infos)
-    if storage.capabilities.remote and len(versions) > 1:
-        # each version's GET fills only its own entry: in turn (at interpreter exit) it is the same
-        with StorePool(max_workers=workers, thread_name_prefix="ckptfs-versions") as pool:
-            list(pool.map(describe, versions))
-    else:
-        for v in versions:
-            describe(v)
-    return [infos[v] for v in versions]
+        infos.append(info)
+    return infos
 
 
 def _count(v: Any) -> int | None:

@@ -25,6 +25,7 @@ from ckptfs.errors import (
 )
 from ckptfs.format.keys import RunFile, case_twins_hint, namespace_plugin, parse_run_key, run_prefix
 from ckptfs.format.models import ArtifactRef
+from ckptfs.format.reader import loadable_versions
 from ckptfs.replication.copy import (
     DEFAULT_ATTEMPTS,
     DEFAULT_WORKERS,
@@ -48,7 +49,7 @@ from ckptfs.storage.registry import list_keys, open_storage
 from ckptfs.storage.retry import RetryingStorage
 from ckptfs.store.checkpoint_store import CheckpointStore
 from ckptfs.store.compactor import CompactionPolicy
-from ckptfs.store.loader import gc_paused, unread_folders
+from ckptfs.store.loader import gc_paused, read_headers, unread_folders
 
 logger = logging.getLogger(__name__)
 
@@ -180,27 +181,31 @@ def restore_langgraph(m: Mirror, keys: list[str], prog: Progress) -> RunResult:
 def restore_points(src_url: StorageLike, run_id: str,
                    src_options: Mapping[str, Any] | None = None,
                    keys: Iterable[str] | None = None) -> list[int]:
-    """Versions a restore of `run_id` from this mirror can target (by file names; advisory).
+    """Versions a restore of `run_id` from this mirror can target: those a load of exactly
+    that version reaches through files that read (`reader.loadable_versions`, from every
+    file's header; what `ckptfs versions` marks).
 
-    `keys`: the run's listing, when the caller has it already (`ckptfs versions` lists the run
-    once; on S3 each listing is a round trip). A run folder that is no directory (a symlink,
-    never followed, or a file) hides whatever versions it holds: the points are those of the
-    regular files, and, unless the caller passed the listing (and so can name the folder
-    itself, as `versions` does), a warning says what was not read.
+    `keys`: the run's listing, when the caller has it already (on S3 each listing is a round
+    trip). A run folder that is no directory (a symlink, never followed, or a file) hides
+    whatever versions it holds: the points are those of the regular files, and, unless the
+    caller passed the listing (and so can name the folder itself), a warning says what was
+    not read.
     """
-    if keys is None:
-        st = as_storage(src_url, src_options, 1, 0.0)
-        try:
+    st = as_storage(src_url, src_options, 1, 0.0)
+    try:
+        if keys is None:
             keys = st.list(run_prefix(run_id))
-        finally:
-            if not isinstance(src_url, Storage):  # opened here: closed here, as Mirror does
-                st.close()
-        for why in unread_folders(keys):
-            logger.warning("run %s: %s, so no restore point among them is listed", run_id, why)
-    chain = name_path([rf for k in keys if (rf := parse_run_key(k)) is not None])
-    if not chain:
-        return []
-    return [f.version for f in chain]
+            for why in unread_folders(keys):
+                logger.warning("run %s: %s, so no restore point among them is listed", run_id, why)
+        return _loadable(st, run_id, [rf for k in keys if (rf := parse_run_key(k)) is not None])
+    finally:
+        if not isinstance(src_url, Storage):  # opened here: closed here, as Mirror does
+            st.close()
+
+
+def _loadable(storage: Storage, run_id: str, files: list[RunFile]) -> list[int]:
+    headers = read_headers(storage, run_id, files)
+    return sorted(loadable_versions({rf: got[0] if got else None for rf, got in headers.items()}))
 
 
 def restore_run(m: Mirror, run_id: str, version: int | None, prog: Progress,
@@ -240,7 +245,7 @@ def _restore_point(m: Mirror, run_id: str, files: list[RunFile], version: int | 
     if chain is None:
         res.status = "failed"
         if version is not None:
-            pts = ", ".join(map(str, [f.version for f in (name_path(files) or [])])) or "none"
+            pts = ", ".join(map(str, _loadable(m.src, run_id, files))) or "none"
             res.error = f"version {version} of run {run_id!r} is not restorable from the mirror " \
                         f"(restorable versions: {pts})"
         else:

@@ -221,6 +221,27 @@ def _empty() -> dict[str, Any]:
     return {"run": None, "steps": {}, "tool_log": {}}
 
 
+def read_headers(storage: Storage, run_id: str, files: Iterable[RunFile], workers: int = 8
+                 ) -> dict[RunFile, tuple[codec.RecordHeader, int] | None]:
+    """Each file's header and size, None for one that does not read (`read_run_header`: every
+    byte and the body's hash checked, the body never parsed): what `versions` tells of each
+    version and which versions a restore can target. GETs overlap on remote stores."""
+    def one(rf: RunFile) -> tuple[codec.RecordHeader, int] | None:
+        try:
+            data = storage.get(rf.key)
+            return read_run_header(data, rf, run_id), len(data)
+        except (CorruptFileError, FileNotFoundError) as exc:
+            logger.info("run %s: %s unreadable: %s", run_id, rf.key, exc)
+            return None
+
+    todo = list(files)
+    if storage.capabilities.remote and len(todo) > 1:
+        # each GET fills only its own entry: in turn (at interpreter exit) it is the same
+        with StorePool(max_workers=workers, thread_name_prefix="ckptfs-headers") as pool:
+            return dict(zip(todo, pool.map(one, todo), strict=True))
+    return {rf: one(rf) for rf in todo}
+
+
 def unread_folders(keys: Iterable[str]) -> list[str]:
     """A skip reason for each of a run's folders a listing shows as no directory (a symlink,
     never followed, or a file): the versions there are read by no load, which otherwise falls
