@@ -613,19 +613,28 @@ def test_a_commit_retried_after_a_conflict_with_a_new_run_of_the_id_is_refused(
         assert a.commit(reloaded, [reloaded.steps["s2"]]) == 4
 
 
-def test_a_lost_race_within_one_run_whose_goal_another_writer_changed_still_rebases(
-        s3_url: str, s3_opts: dict[str, Any]) -> None:
-    """The other side of the guard: two writers of one run, B changes the goal (its record is
-    the run's, built on A's base). A's tool-log append loses the race, catches up or reloads,
-    and lands: a changed goal alone is no new run."""
+@pytest.mark.parametrize("change", ["goal", "fresh-object"])
+def test_a_lost_race_within_one_run_whose_birth_another_writer_changed_still_rebases(
+        change: str, s3_url: str, s3_opts: dict[str, Any]) -> None:
+    """The other side of the guard: two writers of one run, and B's commit changes what the
+    guard compares: the goal, or the creation time (B saves a fresh AgentRun object under the
+    id, as the seed API allows). B's record builds on A's base. A's plain commit conflicts (its
+    head dropped), then its tool-log append reloads and lands: B's change alone is no new run
+    (the chain still holds A's base). A first cut refused a changed creation time outright."""
     with CheckpointStore(s3_url, s3_opts) as a, CheckpointStore(s3_url, s3_opts) as b:
         run_a = _run()
         _commit_versions(a, run_a, 2)
-        run_b = b.load_run("r")
-        assert run_b is not None
-        run_b.goal = "a better goal"
+        if change == "goal":
+            run_b = b.load_run("r")
+            assert run_b is not None
+            run_b.goal = "a better goal"
+        else:
+            time.sleep(0.01)
+            run_b = _run()  # another created_at
+            run_b.goal = "a better goal"
+            assert run_b.created_at != run_a.created_at
         run_b.steps["s1"].status, run_b.steps["s1"].result = StepStatus.COMPLETED, "by B"
-        assert b.commit(run_b, [run_b.steps["s1"]]) == 3
+        assert b.save_run(run_b) == 3
         run_a.steps["s2"].status, run_a.steps["s2"].result = StepStatus.COMPLETED, "by A"
         with pytest.raises(ConflictError):
             a.commit(run_a, [run_a.steps["s2"]])  # A's plain commit: reload first, as before

@@ -269,13 +269,13 @@ class CheckpointStore:
         forgotten and started again by another job, a retry (a tool-log append, a commit of
         the caller's run object) would put this writer's paid calls and results into that
         run: refused until the caller's own load_run of the id. Another creation time or goal
-        is the sign; where the goal alone changed (another writer's commit may change it),
-        the version the dropped head stood on must still be this chain's (`_base_is_ours`)."""
+        is the sign, but another writer's commit may change either (a goal edited, a fresh
+        AgentRun saved under the id): then the version the dropped head stood on must still
+        be this chain's (`_base_is_ours`, a GET or two, only here)."""
         gone = self._gone.pop(run_id)
         if not head.version or _birth(head) == gone.birth:
             return
-        if not gone.base_gone and (gone.birth[0] == _birth(head)[0]
-                                   and self._base_is_ours(run_id, gone.version, gone.hash)):
+        if not gone.base_gone and self._base_is_ours(run_id, gone.version, gone.hash):
             return
         self._gone[run_id] = gone
         self._heads.pop(run_id, None)
