@@ -644,3 +644,65 @@ def test_a_lost_race_within_one_run_whose_birth_another_writer_changed_still_reb
         loaded = fresh.load_run("r")
         assert loaded is not None and loaded.goal == "a better goal"
         assert [c.id for c in fresh.get_tool_call_history("r", "s2")] == ["k2"]
+
+
+# ------------------------------------------------------------- found by the fifth hostile re-read
+
+
+@pytest.mark.parametrize(("where", "read"), [("local", "history"), ("local", "summary"),
+                                             ("local", "resumable"), ("local", "refresh"),
+                                             ("s3", "summary")])
+def test_a_read_of_the_new_run_does_not_make_it_the_old_writers(
+        where: str, read: str, s3_url: str, s3_opts: dict[str, Any], tmp_path: Path) -> None:
+    """After the forget and B's new run, A's store reads the id before A's paid call returns:
+    its tool log, a summary, the resumable runs (a supervisor thread), a refresh. Each read
+    seeded A's head from B's run, or cleared what the store remembered, and A's call landed in
+    B's run, acknowledged (the review's repro, every time). Only the caller's load_run does."""
+    url, opts = (s3_url, s3_opts) if where == "s3" else (str(tmp_path / "store"), None)
+    with CheckpointStore(url, opts, policy=CompactionPolicy(fence_seconds=2.0)) as a:
+        _forgotten_and_overtaken(url, opts, a)
+        if read == "history":
+            assert a.get_tool_call_history("r", "s1") == []
+        elif read == "summary":
+            summary = a.run_summary("r")
+            assert summary is not None and summary["goal"] == "B's job"
+        elif read == "resumable":
+            assert [s["goal"] for s in a.find_resumable_runs()] == ["B's job"]
+        else:
+            refreshed = a.refresh("r")
+            assert refreshed is not None and refreshed.goal == "B's job"
+        call = ToolCall(id="k1", tool_name="charge_card", arguments={"usd": 50}, result="ok",
+                        timestamp=0.0)
+        with pytest.raises(RunNotFoundError, match="forgotten"):
+            a.log_tool_call("r", "s1", call)  # was: acknowledged as v4 of B's run
+        a.find_resumable_runs()  # a supervisor's listing meanwhile
+        with pytest.raises(RunNotFoundError, match="forgotten"):
+            a.log_tool_call("r", "s1", call)  # the caller's retry
+    _b_untouched(url, opts)
+
+
+def test_a_slow_writer_whose_base_retention_took_rebases_past_a_changed_goal(tmp_path: Path) -> None:
+    """Two writers of one run on local disk; B refines the goal and commits on, and retention
+    (keep_last=1) takes every record below its newest snapshot, A's base among them. A's paid
+    call meets BaseRemovedError, rebases, and found another goal and no base to check: refused
+    as a forgotten run, its call never logged. A goal edited is no new run."""
+    url = str(tmp_path / "store")
+    policy = CompactionPolicy(keep_last=1, min_snapshot_bytes=0, superseded_grace=0, background=False)
+    with CheckpointStore(url, policy=policy) as a, CheckpointStore(url, policy=policy) as b:
+        run = _run()
+        _commit_versions(a, run, 2)
+        run_b = b.load_run("r")
+        assert run_b is not None
+        run_b.goal = "a refined goal"
+        for i in range(6):
+            run_b.steps["s1"].metadata["n"] = i
+            b.commit(run_b, [run_b.steps["s1"]])
+        b.apply_retention("r", keep_last=1)
+        assert not (tmp_path / "store" / "runs" / "r" / "log" / f"{2:012d}.ckpt").exists()
+        call = ToolCall(id="k1", tool_name="charge_card", arguments={"usd": 50}, result="ok",
+                        timestamp=0.0)
+        assert a.log_tool_call("r", "s0", call) == 9  # was: RunNotFoundError ("forgotten")
+    with CheckpointStore(url) as fresh:
+        loaded = fresh.load_run("r")
+        assert loaded is not None and loaded.goal == "a refined goal"
+        assert [c.id for c in fresh.get_tool_call_history("r", "s0")] == ["k1"]

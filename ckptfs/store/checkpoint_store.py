@@ -273,9 +273,15 @@ class CheckpointStore:
         AgentRun saved under the id): then the version the dropped head stood on must still
         be this chain's (`_base_is_ours`, a GET or two, only here)."""
         gone = self._gone.pop(run_id)
-        if not head.version or _birth(head) == gone.birth:
+        birth = _birth(head)
+        if not head.version or birth == gone.birth:
             return
-        if not gone.base_gone and self._base_is_ours(run_id, gone.version, gone.hash):
+        if gone.base_gone:
+            # retention may have taken the base of a slow writer of this very run, so the chain
+            # cannot tell: a goal edited meanwhile is no new run, another creation time is
+            if birth[0] == gone.birth[0]:
+                return
+        elif self._base_is_ours(run_id, gone.version, gone.hash):
             return
         self._gone[run_id] = gone
         self._heads.pop(run_id, None)
@@ -543,8 +549,8 @@ class CheckpointStore:
                     except (ValidationError, ValueError) as exc:
                         logger.warning("run %s: cached state does not validate (%s); reloading",
                                        run_id, exc)
-                self._forget(run_id)
-            return self.load_run(run_id)
+                self._drop(run_id)
+            return self._load_newest(run_id)
 
     def _catch_up(self, head: Head) -> int | None:
         """Records others committed after the head, applied (see store/sharing.py); None: reload."""
@@ -1044,7 +1050,17 @@ class CheckpointStore:
         with self._lock(run_id):
             self._gone.pop(run_id, None)  # the caller now holds what the id holds
             result = self._load(run_id, version, resolve=resolve_artifacts,
-                                seed_head=version is None and resolve_artifacts)
+                                seed_head=version is None and resolve_artifacts, mine=True)
+        return None if result is None else result[0]
+
+    def _load_newest(self, run_id: str) -> AgentRun | None:
+        """`load_run` for the store's own reads (`refresh`, `run_summary`): what it returns is
+        not the caller taking the id's run for theirs, so a head dropped on a new run of the id
+        stays refused (`_check_lineage`). A worker's retry of a paid call's log record checks
+        with `refresh` whether it landed; a supervisor thread lists resumable runs: had those
+        cleared the refusal, the call landed in the new run."""
+        with self._lock(run_id):
+            result = self._load(run_id, None, resolve=True, seed_head=True)
         return None if result is None else result[0]
 
     def load_with_tool_log(self, run_id: str, version: int | None = None, *, resolve_artifacts: bool = True
@@ -1061,7 +1077,12 @@ class CheckpointStore:
         return run, {sid: [c.model_copy(deep=True) for c in calls] for sid, calls in tool_log.items()}
 
     def _load(self, run_id: str, target: int | None, *, resolve: bool,
-              seed_head: bool) -> tuple[AgentRun, dict[str, Any]] | None:
+              seed_head: bool, mine: bool = False) -> tuple[AgentRun, dict[str, Any]] | None:
+        """The run and its tool log; with `seed_head`, the head commits build on from now on.
+        `mine`: the caller's own load_run, which takes whatever run the id holds for theirs;
+        any other seeding over a head that wrote remembers which run that head was
+        (`_check_lineage`), since a read (a summary, a tool log, a refresh) that found
+        another run under the id must not turn this writer's next write into that run's."""
         # Seeding inside the pause too: what the load and the head keep is promoted at once
         # (gc_paused), not walked by the next young collection.
         with gc_paused(promote=True):
@@ -1079,6 +1100,9 @@ class CheckpointStore:
                 return None
             self.last_load = got.info
             if seed_head:
+                old = self._heads.get(run_id)
+                if not mine and old is not None and old.version and run_id not in self._gone:
+                    self._gone[run_id] = _Dropped(_birth(old), old.version, old.hash, False)
                 t0 = time.perf_counter()
                 self._seed_head(got)
                 got.info.phases["seed head"] = time.perf_counter() - t0
@@ -1170,7 +1194,7 @@ class CheckpointStore:
             head = self._heads.get(run_id)
             if (fresh and head is not None and head.version and not head.branching
                     and self._catch_up(head) is None):
-                self._forget(run_id)
+                self._drop(run_id)
                 head = None
             if head is None:
                 if self._load(run_id, None, resolve=True, seed_head=True) is None:
@@ -1195,7 +1219,8 @@ class CheckpointStore:
         a resume's load does, so a run whose large values are damaged is not called resumable;
         that reads the run's artifacts too (a listing of many runs with large values costs it).
         """
-        run = self.load_run(run_id)
+        validate_id(run_id, "run id")
+        run = self._load_newest(run_id)
         if run is None:
             return None
         info = self.last_load
