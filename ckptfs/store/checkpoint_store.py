@@ -111,20 +111,21 @@ class _Dropped(NamedTuple):
     the version and hash it stood on, so that the reload can tell the same run gone on from
     another run started under the id after a forget."""
 
-    birth: tuple[Any, ...]
+    birth: Any  # `_birth`
     version: int
     hash: str
     base_gone: bool  # the base check found it gone: no need to look again
 
 
-def _birth(head: Head) -> tuple[Any, ...]:
-    """Which run a head is of, beyond its id: a forgotten run started again under the same id
-    has another creation time (and goal), which a retry after a lost base must not write into.
-    (Two runs made with the same explicit created_at and goal are not told apart.)"""
+def _birth(head: Head) -> Any:
+    """Which run a head is of, beyond its id: its creation time. A forgotten run started again
+    under the same id has another, which a retry after a lost race or base must not write into.
+    The goal is no part of it: another writer of the run may edit it (a slow writer whose base
+    retention took was refused as a forgotten run for that). Two runs made with the same
+    explicit created_at are not told apart."""
     if head.run_json is None:
-        return (None,)
-    doc = json.loads(head.run_json)
-    return (doc.get("created_at"), doc.get("goal"))
+        return None
+    return json.loads(head.run_json).get("created_at")
 
 
 def _backoff(attempt: int) -> None:
@@ -268,20 +269,15 @@ class CheckpointStore:
         for a retry, or by a read meanwhile) is still the run it wrote to. If the run was
         forgotten and started again by another job, a retry (a tool-log append, a commit of
         the caller's run object) would put this writer's paid calls and results into that
-        run: refused until the caller's own load_run of the id. Another creation time or goal
-        is the sign, but another writer's commit may change either (a goal edited, a fresh
-        AgentRun saved under the id): then the version the dropped head stood on must still
-        be this chain's (`_base_is_ours`, a GET or two, only here)."""
+        run: refused until the caller's own load_run of the id. Another creation time is the
+        sign, but another writer may have saved a fresh AgentRun under the id: then the version
+        the dropped head stood on must still be this chain's (`_base_is_ours`, a GET or two,
+        only here). Where the base was found gone, the chain cannot tell (retention may have
+        taken it): refused."""
         gone = self._gone.pop(run_id)
-        birth = _birth(head)
-        if not head.version or birth == gone.birth:
+        if not head.version or _birth(head) == gone.birth:
             return
-        if gone.base_gone:
-            # retention may have taken the base of a slow writer of this very run, so the chain
-            # cannot tell: a goal edited meanwhile is no new run, another creation time is
-            if birth[0] == gone.birth[0]:
-                return
-        elif self._base_is_ours(run_id, gone.version, gone.hash):
+        if not gone.base_gone and self._base_is_ours(run_id, gone.version, gone.hash):
             return
         self._gone[run_id] = gone
         self._heads.pop(run_id, None)
