@@ -706,3 +706,86 @@ def test_a_slow_writer_whose_base_retention_took_rebases_past_a_changed_goal(tmp
         loaded = fresh.load_run("r")
         assert loaded is not None and loaded.goal == "a refined goal"
         assert [c.id for c in fresh.get_tool_call_history("r", "s0")] == ["k1"]
+
+
+# ------------------------------------------------------------- found by the sixth hostile re-read
+
+
+def test_a_second_drop_keeps_the_run_the_writer_wrote_to(tmp_path: Path) -> None:
+    """A read arms the guard (A's head remembered, B's run seeded); B commits on and its
+    retention prunes the record that seeded head stood on; A's refresh then fails to catch up
+    and dropped again, remembering B's head in place of A's: A's paid call landed in B's run
+    (the review's repro, every time). The first head dropped is the one kept."""
+    url = str(tmp_path / "store")
+    with CheckpointStore(url) as a:
+        run_a = _run()
+        run_a.goal = "A's job"
+        _commit_versions(a, run_a, 2)
+        with CheckpointStore(url) as operator:
+            assert forget(operator.storage, "r", force=True).deleted
+        pruning = CompactionPolicy(keep_last=1, superseded_grace=0.0, min_snapshot_bytes=0,
+                                   snapshot_ratio=0.01, background=False)
+        with CheckpointStore(url, policy=pruning) as b:
+            run_b = _run()
+            run_b.goal = "B's job"
+            _commit_versions(b, run_b, 3)
+            summary = a.run_summary("r")
+            assert summary is not None and summary["goal"] == "B's job"
+            for i in range(3):
+                run_b.steps["s0"].metadata["n"] = i
+                b.commit(run_b, [run_b.steps["s0"]])
+            b.apply_retention("r", keep_last=1)
+            assert not (tmp_path / "store" / "runs" / "r" / "log" / f"{3:012d}.ckpt").exists()
+        refreshed = a.refresh("r")
+        assert refreshed is not None and refreshed.goal == "B's job"
+        call = ToolCall(id="k1", tool_name="charge_card", arguments={"usd": 50}, result="ok",
+                        timestamp=0.0)
+        with pytest.raises(RunNotFoundError, match="forgotten"):
+            a.log_tool_call("r", "s1", call)  # was: acknowledged as v7 of B's run
+    with CheckpointStore(url) as fresh:
+        loaded = fresh.load_run("r")
+        assert loaded is not None and loaded.goal == "B's job"
+        assert fresh.get_tool_call_history("r", "s1") == []
+
+
+def test_a_lineage_check_that_fails_keeps_the_guard_for_the_retry(s3: EmbeddedS3) -> None:
+    """A's paid call meets B's run (after a forget, past A's next version); the lineage check's
+    GET of A's old base is refused once (403 at a proxy). The guard was taken out before that
+    GET and not put back: the caller's retry, as a paid result's log record is retried, landed
+    in B's run. It stays until the check answers."""
+    url, opts = s3.url("lineage-fails"), s3.storage_options
+    put3, denied = threading.Event(), threading.Event()
+
+    def rule(req: Request) -> Fault | None:  # the check's GET of A's base v2, once
+        path = req.path.split("?")[0]
+        if req.method == "PUT" and path.endswith("log/000000000003.ckpt"):
+            put3.set()
+        elif put3.is_set() and not denied.is_set() and req.method == "GET" \
+                and path.endswith("log/000000000002.ckpt"):
+            denied.set()
+            return Fault(status=403, code="AccessDenied")
+        return None
+
+    with FaultProxy(s3.endpoint, rule) as proxy, CheckpointStore(
+            url, _proxied(opts, proxy.endpoint), policy=CompactionPolicy(fence_seconds=2.0)) as a:
+        run_a = _run()
+        run_a.goal = "A's job"
+        _commit_versions(a, run_a, 2)
+        with CheckpointStore(url, opts) as operator:
+            assert forget(operator.storage, "r", force=True).deleted
+        every = CompactionPolicy(min_snapshot_bytes=0, snapshot_ratio=1e-9, background=False)
+        with CheckpointStore(url, opts, policy=every) as b:  # a load of B's run reads its snapshot
+            run_b = _run()
+            run_b.goal = "B's job"
+            _commit_versions(b, run_b, 4)
+        call = ToolCall(id="k1", tool_name="charge_card", arguments={"usd": 50}, result="ok",
+                        timestamp=0.0)
+        with pytest.raises(StorageUnavailableError, match="access refused"):
+            a.log_tool_call("r", "s1", call)
+        assert denied.is_set()
+        with pytest.raises(RunNotFoundError, match="forgotten"):
+            a.log_tool_call("r", "s1", call)  # the retry: was acknowledged as v5 of B's run
+    with CheckpointStore(url, opts) as fresh:
+        loaded = fresh.load_run("r")
+        assert loaded is not None and loaded.goal == "B's job" and fresh.last_load is not None
+        assert fresh.last_load.version == 4 and fresh.get_tool_call_history("r", "s1") == []

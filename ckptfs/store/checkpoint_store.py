@@ -274,12 +274,13 @@ class CheckpointStore:
         the dropped head stood on must still be this chain's (`_base_is_ours`, a GET or two,
         only here). Where the base was found gone, the chain cannot tell (retention may have
         taken it): refused."""
-        gone = self._gone.pop(run_id)
-        if not head.version or _birth(head) == gone.birth:
+        gone = self._gone[run_id]
+        # Kept until the check has answered: a 503 in `_base_is_ours` lost it, and the retry
+        # (a paid result's log record is written again for minutes) landed in the new run.
+        if (not head.version or _birth(head) == gone.birth
+                or (not gone.base_gone and self._base_is_ours(run_id, gone.version, gone.hash))):
+            del self._gone[run_id]
             return
-        if not gone.base_gone and self._base_is_ours(run_id, gone.version, gone.hash):
-            return
-        self._gone[run_id] = gone
         self._heads.pop(run_id, None)
         raise RunNotFoundError(f"run {run_id!r} was forgotten while this writer held it; "
                                "nothing was written (the id may now hold another run: "
@@ -290,7 +291,10 @@ class CheckpointStore:
         was for `_check_lineage`. A head of no version has no lineage to protect: two writers
         creating the same id race as before."""
         head = self._heads.get(run_id)
-        if head is not None and head.version:
+        # The first head dropped is the run this writer wrote to; a later one may already be
+        # the new run's, seeded by a read meanwhile (a refresh reloading past a pruned record
+        # put the new run's head in its place, and the guard then passed the write).
+        if head is not None and head.version and run_id not in self._gone:
             self._gone[run_id] = _Dropped(_birth(head), head.version, head.hash, base_gone)
         self._forget(run_id)
 
