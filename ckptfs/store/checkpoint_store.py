@@ -106,10 +106,10 @@ MAX_IDLE = 10 * 365 * 86400.0  # how old a loaded head is taken to be when its t
 
 
 class _Dropped(NamedTuple):
-    """A head this store dropped because the stored run moved where it could not follow (a
-    lost race it could not catch up with, a base found gone): which run it was (`_birth`) and
-    the version and hash it stood on, so that the reload can tell the same run gone on from
-    another run started under the id after a forget."""
+    """A head this store let go of without the caller asking (a lost race it could not catch
+    up with, a base found gone, one of its own reads seeding a newer head over it): which run
+    it was (`_birth`) and the version and hash it stood on, so that the next write can tell
+    the same run gone on from another run started under the id after a forget."""
 
     birth: Any  # `_birth`
     version: int
@@ -174,8 +174,8 @@ class CheckpointStore:
         self._values = ValuePlanner(self.artifacts, artifact_threshold)
         self.writer_id = _writer_id()
         self._heads: dict[str, Head] = {}
-        # Runs whose head this store dropped on a conflict or a base found gone, with which
-        # run they were: a reload that finds another run under the id is refused (`_head`).
+        # Runs whose head this store let go of (`_Dropped`), with which run they were: a write
+        # that finds another run under the id is refused (`_head`) until the caller's load_run.
         self._gone: dict[str, _Dropped] = {}
         self._locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
