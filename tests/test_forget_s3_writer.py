@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -189,6 +190,25 @@ def _commit_beside(store: CheckpointStore, run: AgentRun, step_id: str) -> Futur
 
 def _proxied(opts: dict[str, Any], endpoint: str) -> dict[str, Any]:
     return {**opts, "client_kwargs": {**opts["client_kwargs"], "endpoint_url": endpoint}}
+
+
+def _deny_once_after_put(put: int, get: int) -> tuple[Callable[[Request], Fault | None], threading.Event]:
+    """A proxy rule that answers 403 to the first GET of journal record `get` sent after the
+    PUT of record `put`, and the event it sets then: one read of the check or withdrawal that
+    follows a writer's PUT, refused."""
+    put_seen, denied = threading.Event(), threading.Event()
+
+    def rule(req: Request) -> Fault | None:
+        path = req.path.split("?")[0]
+        if req.method == "PUT" and path.endswith(f"log/{put:012d}.ckpt"):
+            put_seen.set()
+        elif put_seen.is_set() and not denied.is_set() and req.method == "GET" \
+                and path.endswith(f"log/{get:012d}.ckpt"):
+            denied.set()
+            return Fault(status=403, code="AccessDenied")
+        return None
+
+    return rule, denied
 
 
 def test_a_slow_put_that_lands_after_the_forget_is_withdrawn(s3: EmbeddedS3) -> None:
@@ -388,17 +408,7 @@ def test_a_base_check_that_fails_leaves_no_writer_blaming_itself(s3: EmbeddedS3)
         _commit_versions(first, _run(), 3)
     time.sleep(1.2)
 
-    put4, denied = threading.Event(), threading.Event()
-
-    def rule(req: Request) -> Fault | None:  # the one GET of the check, after the PUT of v4
-        path = req.path.split("?")[0]
-        if req.method == "PUT" and path.endswith("log/000000000004.ckpt"):
-            put4.set()
-        elif put4.is_set() and not denied.is_set() and req.method == "GET" \
-                and path.endswith("log/000000000003.ckpt"):
-            denied.set()
-            return Fault(status=403, code="AccessDenied")
-        return None
+    rule, denied = _deny_once_after_put(4, 3)  # the one GET of the check, after the PUT of v4
 
     with FaultProxy(s3.endpoint, rule) as proxy, CheckpointStore(
             url, _proxied(opts, proxy.endpoint), policy=CompactionPolicy(fence_seconds=2.0)) as w:
@@ -457,22 +467,33 @@ def test_a_withdrawal_never_deletes_a_record_another_writer_put_at_the_key(s3: E
 # ------------------------------------------------------------- found by the third hostile re-read
 
 
+def _forgotten_and_started_again(url: str, opts: dict[str, Any] | None, a: CheckpointStore,
+                                 a_upto: int = 2, force: bool = True) -> AgentRun:
+    """A commits up to `a_upto` and goes idle; the run is forgotten (past the fence, or with
+    --force) and job B starts it again under the id, up to v3. With A at v2, B is past A's next
+    version, so A's next PUT collides with B's record before any base check could run; at v3,
+    A's PUT lands and its base check finds B's v3. A's run object."""
+    run_a = _run()
+    run_a.goal = "A's job"
+    _commit_versions(a, run_a, a_upto)
+    time.sleep(1.3)
+    with CheckpointStore(url, opts) as operator:
+        assert forget(operator.storage, "r", force=force, fence_seconds=1.0).deleted
+    with CheckpointStore(url, opts) as b:
+        run_b = _run()
+        run_b.goal = "B's job"
+        _commit_versions(b, run_b, 3)
+    return run_a
+
+
 def test_a_writer_refused_for_a_forgotten_base_does_not_retry_into_the_new_run(
         s3_url: str, s3_opts: dict[str, Any]) -> None:
     """A's paid tool call returns after its run was forgotten and started again by job B. The
     base check refused it, but `log_tool_call` took that for a lost race, reloaded (B's run)
     and appended A's call there, acknowledged; A's step result and goal followed."""
     policy = CompactionPolicy(fence_seconds=2.0)
-    with CheckpointStore(s3_url, s3_opts, policy=policy) as a, CheckpointStore(s3_url, s3_opts) as other:
-        run_a = _run()
-        run_a.goal = "A's job"
-        _commit_versions(a, run_a, 3)
-        time.sleep(1.3)
-        assert forget(other.storage, "r", fence_seconds=1.0).deleted
-        with CheckpointStore(s3_url, s3_opts) as b:
-            run_b = _run()
-            run_b.goal = "B's job"
-            _commit_versions(b, run_b, 3)
+    with CheckpointStore(s3_url, s3_opts, policy=policy) as a:
+        run_a = _forgotten_and_started_again(s3_url, s3_opts, a, a_upto=3, force=False)
         call = ToolCall(id="k1", tool_name="pay", arguments={"amount": 100}, result="A paid 100",
                         timestamp=0.0)
         with pytest.raises(RunNotFoundError, match="forgotten"):
@@ -499,30 +520,11 @@ def test_a_withdrawal_that_fails_still_refuses_and_no_retry_builds_on_the_new_ru
     stays at v4 (no load follows it) and B's run goes on past it."""
     url, opts = s3.url("withdraw-fails"), s3.storage_options
     policy = CompactionPolicy(fence_seconds=2.0)
-    put4, denied = threading.Event(), threading.Event()
-
-    def rule(req: Request) -> Fault | None:  # the withdrawal's GET of A's own v4, once
-        path = req.path.split("?")[0]
-        if req.method == "PUT" and path.endswith("log/000000000004.ckpt"):
-            put4.set()
-        elif put4.is_set() and not denied.is_set() and req.method == "GET" \
-                and path.endswith("log/000000000004.ckpt"):
-            denied.set()
-            return Fault(status=403, code="AccessDenied")
-        return None
+    rule, denied = _deny_once_after_put(4, 4)  # the withdrawal's GET of A's own v4, once
 
     with FaultProxy(s3.endpoint, rule) as proxy, CheckpointStore(
             url, _proxied(opts, proxy.endpoint), policy=policy) as a:
-        run_a = _run()
-        run_a.goal = "A's job"
-        _commit_versions(a, run_a, 3)
-        time.sleep(1.3)
-        with CheckpointStore(url, opts) as operator:
-            assert forget(operator.storage, "r", fence_seconds=1.0).deleted
-        with CheckpointStore(url, opts) as b:
-            run_b = _run()
-            run_b.goal = "B's job"
-            _commit_versions(b, run_b, 3)
+        _forgotten_and_started_again(url, opts, a, a_upto=3, force=False)
         call = ToolCall(id="k1", tool_name="pay", arguments={"amount": 100}, result="A paid 100",
                         timestamp=0.0)
         with pytest.raises(RunNotFoundError, match="forgotten"):
@@ -546,23 +548,6 @@ def test_a_withdrawal_that_fails_still_refuses_and_no_retry_builds_on_the_new_ru
 # ------------------------------------------------------------- found by the fourth hostile re-read
 
 
-def _forgotten_and_overtaken(url: str, opts: dict[str, Any] | None, a: CheckpointStore) -> AgentRun:
-    """A commits v1, v2 of its run and goes idle; the run is forgotten (--force) and job B
-    starts it again under the id, up to v3: past A's next version, so A's next PUT collides
-    with B's record before any base check could run. A's run object."""
-    run_a = _run()
-    run_a.goal = "A's job"
-    _commit_versions(a, run_a, 2)
-    time.sleep(1.3)
-    with CheckpointStore(url, opts) as operator:
-        assert forget(operator.storage, "r", force=True).deleted
-    with CheckpointStore(url, opts) as b:
-        run_b = _run()
-        run_b.goal = "B's job"
-        _commit_versions(b, run_b, 3)
-    return run_a
-
-
 def _b_untouched(url: str, opts: dict[str, Any] | None) -> None:
     with CheckpointStore(url, opts) as fresh:
         loaded = fresh.load_run("r")
@@ -580,7 +565,7 @@ def test_a_lost_race_against_a_new_run_of_the_id_does_not_rebase_a_paid_call_int
     remembers which run it was: the reload finds another, RunNotFoundError, nothing written."""
     url, opts = (s3_url, s3_opts) if where == "s3" else (str(tmp_path / "store"), None)
     with CheckpointStore(url, opts, policy=CompactionPolicy(fence_seconds=2.0)) as a:
-        _forgotten_and_overtaken(url, opts, a)
+        _forgotten_and_started_again(url, opts, a)
         call = ToolCall(id="k1", tool_name="charge_card", arguments={"usd": 50}, result="ok",
                         timestamp=0.0)
         for _attempt in range(2):  # and the caller's retry
@@ -600,7 +585,7 @@ def test_a_commit_retried_after_a_conflict_with_a_new_run_of_the_id_is_refused(
     acknowledged state. Now RunNotFoundError until A loads the id."""
     url, opts = (s3_url, s3_opts) if where == "s3" else (str(tmp_path / "store"), None)
     with CheckpointStore(url, opts, policy=CompactionPolicy(fence_seconds=2.0)) as a:
-        run_a = _forgotten_and_overtaken(url, opts, a)
+        run_a = _forgotten_and_started_again(url, opts, a)
         run_a.steps["s1"].status, run_a.steps["s1"].result = StepStatus.COMPLETED, "A's result"
         with pytest.raises(ConflictError):
             a.commit(run_a, [run_a.steps["s1"]])
@@ -660,7 +645,7 @@ def test_a_read_of_the_new_run_does_not_make_it_the_old_writers(
     B's run, acknowledged (the review's repro, every time). Only the caller's load_run does."""
     url, opts = (s3_url, s3_opts) if where == "s3" else (str(tmp_path / "store"), None)
     with CheckpointStore(url, opts, policy=CompactionPolicy(fence_seconds=2.0)) as a:
-        _forgotten_and_overtaken(url, opts, a)
+        _forgotten_and_started_again(url, opts, a)
         if read == "history":
             assert a.get_tool_call_history("r", "s1") == []
         elif read == "summary":
@@ -754,17 +739,7 @@ def test_a_lineage_check_that_fails_keeps_the_guard_for_the_retry(s3: EmbeddedS3
     GET and not put back: the caller's retry, as a paid result's log record is retried, landed
     in B's run. It stays until the check answers."""
     url, opts = s3.url("lineage-fails"), s3.storage_options
-    put3, denied = threading.Event(), threading.Event()
-
-    def rule(req: Request) -> Fault | None:  # the check's GET of A's base v2, once
-        path = req.path.split("?")[0]
-        if req.method == "PUT" and path.endswith("log/000000000003.ckpt"):
-            put3.set()
-        elif put3.is_set() and not denied.is_set() and req.method == "GET" \
-                and path.endswith("log/000000000002.ckpt"):
-            denied.set()
-            return Fault(status=403, code="AccessDenied")
-        return None
+    rule, denied = _deny_once_after_put(3, 2)  # the lineage check's GET of A's base v2, once
 
     with FaultProxy(s3.endpoint, rule) as proxy, CheckpointStore(
             url, _proxied(opts, proxy.endpoint), policy=CompactionPolicy(fence_seconds=2.0)) as a:
